@@ -1,0 +1,124 @@
+"""Config of the environments and the env-pool actors that run them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from configs.fields import spec
+
+PARSE_MODES = ("strict", "lenient")
+FAMILIES = ("babyai", "textcraft", "sciworld", "searchqa", "webarena", "agentgym_http")
+
+
+@dataclass
+class BabyAIConfig:
+    parse_mode: str = spec("lenient", choices=PARSE_MODES)
+    """`strict`: the reference's ReAct rule (text after a single `Action:` line). `lenient`: the last available
+    action named anywhere in the reply, ignoring case and punctuation (what a small model needs)."""
+    levels: list[str] = spec([])
+    """Restrict training items to these BabyAI level names (e.g. GoToRedBall); empty keeps every level."""
+
+
+@dataclass
+class TextCraftConfig:
+    parse_mode: str = spec("lenient", choices=PARSE_MODES)
+    """Action parsing rule, as for BabyAI."""
+    distractors: int = spec(10, ge=0)
+    """Number of distractor recipes shown beside the goal's recipe tree."""
+
+
+@dataclass
+class SciWorldConfig:
+    parse_mode: str = spec("strict", choices=PARSE_MODES)
+    """`strict`: everything after the last `Action:`. `lenient`: also accept a bare command."""
+    jvm_heap_mb: int = spec(256, ge=64)
+    """Java heap per simulator JVM (one JVM per env; the default heap costs 1.1-1.4 GB each)."""
+    max_jvms_per_actor: int = spec(8, ge=1)
+    """Upper bound on simulator JVMs in one env-pool actor."""
+    simplifications: str = spec("easy")
+    """ScienceWorld simplification preset passed to load()."""
+
+
+@dataclass
+class SearchConfig:
+    retriever: str = spec("bm25", choices=("bm25", "remote"))
+    """`bm25`: a local index over `corpus_dir`. `remote`: a Search-R1 `/retrieve` server at `retriever_url`."""
+    corpus_dir: str = spec("")
+    """Folder with a FlashRAG/Search-R1 JSONL corpus; empty uses the offline Wikipedia corpus."""
+    qa_dir: str = spec("")
+    """Folder with QA items; empty uses the QA set generated from the offline corpus."""
+    retriever_url: str = spec("")
+    """URL of a Search-R1 retrieval server (for retriever=remote)."""
+    topk: int = spec(3, ge=1)
+    """Passages returned per search."""
+    end_on_wrong_answer: bool = spec(True)
+    """End the episode on a wrong answer (the reference lets the agent keep guessing: set false for that)."""
+
+
+@dataclass
+class WebArenaConfig:
+    task_dir: str = spec("")
+    """Folder of WebArena task config JSONs; empty uses the 812 configs shipped by `libwebarena`."""
+    max_contexts_per_actor: int = spec(4, ge=1)
+    """Browser contexts per env-pool actor (one browser per actor, one context per env)."""
+    chromium_path: str = spec("/usr/bin/chromium")
+    """Chromium executable driven by Playwright."""
+    judge_url: str = spec("")
+    """OpenAI-compatible endpoint for fuzzy_match evaluation; tasks that need it are skipped when empty."""
+    judge_model: str = spec("")
+    """Model name sent to the judge endpoint."""
+    storage_state_dir: str = spec("")
+    """Folder of saved Playwright login states (<site>_state.json)."""
+
+
+@dataclass
+class HTTPEnvConfig:
+    url: str = spec("")
+    """Base URL of an AgentGym env server (its /create, /reset, /step, /close protocol)."""
+    task: str = spec("")
+    """The task family that server hosts (item ids are `<task>_<n>`)."""
+    timeout_s: float = spec(60.0, gt=0)
+    """HTTP timeout per request."""
+
+
+@dataclass
+class EnvConfig:
+    mix: dict[str, float] = spec({"babyai": 1.0}, nonempty=True)
+    """Weighted env mix for training: family name -> sampling weight (weights > 0)."""
+    num_actors: int = spec(2, ge=1)
+    """Number of EnvPool actors (Ray actors); scale this to scale env throughput."""
+    slots_per_actor: int = spec(8, ge=1)
+    """Episodes run concurrently inside one EnvPool actor."""
+    num_cpus_per_actor: float = spec(0.5, ge=0)
+    """Ray CPU resource reserved per EnvPool actor."""
+    step_timeout_s: float = spec(60.0, gt=0)
+    """An env step slower than this ends the episode with reason env_timeout and replaces the env."""
+    reset_timeout_s: float = spec(120.0, gt=0)
+    """Timeout for an env reset."""
+    max_actor_restarts: int = spec(5, ge=-1)
+    """How many times Ray restarts a dead EnvPool actor (-1: forever)."""
+    data_dir: str = spec("")
+    """Folder holding AgentGym-RL-Data-ID's `train/<env>_train.json` and `eval/<env>_test.json`; empty uses
+    splits generated deterministically into the cache."""
+    train_split: str = spec("train", choices=("train", "test"))
+    """Which split training samples items from."""
+    babyai: BabyAIConfig = spec(BabyAIConfig())
+    """BabyAI options."""
+    textcraft: TextCraftConfig = spec(TextCraftConfig())
+    """TextCraft options."""
+    sciworld: SciWorldConfig = spec(SciWorldConfig())
+    """SciWorld options."""
+    searchqa: SearchConfig = spec(SearchConfig())
+    """Search (Search-R1 style) options."""
+    webarena: WebArenaConfig = spec(WebArenaConfig())
+    """WebArena options."""
+    agentgym_http: HTTPEnvConfig = spec(HTTPEnvConfig())
+    """Options for training against a running AgentGym env server."""
+
+    def validate(self) -> list[tuple[str, str]]:
+        errors = []
+        for name, weight in self.mix.items():
+            if name not in FAMILIES:
+                errors.append((f"mix.{name}", f"expected an env family among {', '.join(FAMILIES)}"))
+            elif not weight > 0:
+                errors.append((f"mix.{name}", f"expected a weight > 0, got {weight}"))
+        return errors

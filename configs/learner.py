@@ -1,0 +1,116 @@
+"""Config of the learner (DeepSpeed ZeRO) and of the RL algorithm, including the ScalingInter-RL horizon."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from configs.fields import spec
+
+
+@dataclass
+class LearnerConfig:
+    num_ranks: int = spec(1, ge=1)
+    """Learner actors, one per data-parallel rank."""
+    zero_stage: int = spec(2, choices=(1, 2, 3))
+    """DeepSpeed ZeRO stage."""
+    num_cpus_per_rank: float = spec(1.0, ge=0)
+    """Ray CPU resource per rank."""
+    num_gpus_per_rank: float = spec(0.0, ge=0)
+    """Ray GPU resource per rank (0 trains on CPU with gloo; >0 uses NCCL)."""
+    lr: float = spec(1e-5, gt=0)
+    """Peak learning rate."""
+    warmup_steps: int = spec(0, ge=0)
+    """Linear warmup steps."""
+    lr_schedule: str = spec("constant", choices=("constant", "cosine", "linear"))
+    """Decay after warmup."""
+    weight_decay: float = spec(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: list[float] = spec([0.9, 0.999])
+    """AdamW betas."""
+    grad_clip: float = spec(1.0, ge=0)
+    """Global gradient-norm clip (0 disables)."""
+    micro_batch_tokens: int = spec(8192, ge=1)
+    """Token budget of one packed micro-batch per rank."""
+    ppo_epochs: int = spec(1, ge=1)
+    """Passes over each train batch."""
+    mini_batches: int = spec(1, ge=1)
+    """Optimizer steps per pass (the batch is split into this many mini-batches)."""
+    gradient_checkpointing: bool = spec(False)
+    """Recompute activations in backward to save memory."""
+    seed: int = spec(0, ge=0)
+    """Learner seed."""
+
+
+@dataclass
+class RoundsCtrlConfig:
+    """The reference's ScalingInter-RL keys, accepted as written."""
+
+    type: str = spec("fixed", choices=("fixed", "scaling_inter_stepwise"))
+    """`fixed`: always `rounds` turns. `scaling_inter_stepwise`: `rounds` is a list of turn limits, moving to the
+    next every `steps_scaling_inter` learner steps."""
+    rounds: Any = spec(20)
+    """An int (fixed) or a list of ints (stepwise), e.g. [10, 20, 30]."""
+    steps_scaling_inter: int = spec(100, ge=1)
+    """Learner steps per stage for scaling_inter_stepwise."""
+
+
+@dataclass
+class HorizonConfig:
+    """Native form of the turn schedule: turns[i] holds from step boundaries[i-1] (0 for i = 0)."""
+
+    turns: list[int] = spec([], ge=1)
+    """Turn limits per stage, e.g. [10, 20, 30]; empty defers to algorithm.rounds_ctrl."""
+    boundaries: list[int] = spec([], ge=1)
+    """Learner steps where each later stage begins, e.g. [100, 200]; one fewer than `turns`."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = spec("grpo", choices=("grpo", "rloo", "reinforce_pp", "gae"))
+    """Advantage estimator feeding the decoupled PPO loss."""
+    norm_adv_by_std: bool = spec(True)
+    """GRPO: divide group-centred rewards by the group's std."""
+    gamma: float = spec(1.0, ge=0, le=1)
+    """Discount over turns (REINFORCE++, GAE)."""
+    lam: float = spec(1.0, ge=0, le=1)
+    """GAE lambda."""
+    clip_eps_low: float = spec(0.2, ge=0)
+    """PPO ratio clip below 1 (current over proximal)."""
+    clip_eps_high: float = spec(0.28, ge=0)
+    """PPO ratio clip above 1 ("clip-higher")."""
+    behaviour_weight_cap: float = spec(2.0, gt=0)
+    """Truncation cap of the detached behaviour-to-proximal importance weight."""
+    loss_agg: str = spec("token_mean", choices=("token_mean", "seq_mean_token_mean"))
+    """How token losses are averaged."""
+    entropy_coef: float = spec(0.0, ge=0)
+    """Entropy bonus coefficient (0 disables)."""
+    kl_coef: float = spec(0.0, ge=0)
+    """KL penalty to a frozen reference model (0 disables, and no reference is loaded)."""
+    kl_type: str = spec("k3", choices=("k1", "k2", "k3"))
+    """KL estimator: k1 (log ratio), k2 (half squared log ratio), k3 (low-variance)."""
+    value_clip: float = spec(0.2, ge=0)
+    """Clip range of the value loss (gae only)."""
+    value_coef: float = spec(0.5, ge=0)
+    """Weight of the value loss (gae only)."""
+    rounds_ctrl: RoundsCtrlConfig = spec(RoundsCtrlConfig())
+    """ScalingInter-RL schedule in the reference's keys."""
+    horizon: HorizonConfig = spec(HorizonConfig())
+    """ScalingInter-RL schedule in native form; wins over rounds_ctrl when `turns` is set."""
+
+    def validate(self) -> list[tuple[str, str]]:
+        errors = []
+        rc = self.rounds_ctrl
+        rounds = rc.rounds
+        as_list = list(rounds) if isinstance(rounds, (list, tuple)) or hasattr(rounds, "__iter__") else [rounds]
+        if not as_list or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in as_list):
+            errors.append(("rounds_ctrl.rounds", f"expected an int >= 1 or a non-empty list of them, got {rounds!r}"))
+        elif rc.type == "fixed" and len(as_list) != 1:
+            errors.append(("rounds_ctrl.rounds", "type=fixed takes a single int"))
+        h = self.horizon
+        if h.turns and len(h.boundaries) != len(h.turns) - 1:
+            errors.append(("horizon.boundaries", f"expected {len(h.turns) - 1} entries for {len(h.turns)} turns"))
+        if h.boundaries and any(b <= a for a, b in zip(h.boundaries, h.boundaries[1:])):
+            errors.append(("horizon.boundaries", "expected strictly increasing steps"))
+        if h.boundaries and not h.turns:
+            errors.append(("horizon.turns", "expected turn limits to go with horizon.boundaries"))
+        return errors

@@ -1,0 +1,92 @@
+"""Config of the run itself: coordinator, checkpoints, transport, logging, Ray and evaluation."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from configs.fields import spec
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = spec(40, ge=1)
+    """Learner steps to run."""
+    groups_per_step: int = spec(8, ge=1)
+    """Item groups (each rollout.group_size samples) in one train batch."""
+    max_staleness: int = spec(1, ge=0)
+    """eta: a trajectory whose oldest sampled token is more than eta policy versions behind is not trained on,
+    and generation never runs more than eta versions ahead. 0 is the synchronous mode."""
+    seed: int = spec(0, ge=0)
+    """Seed of the item sampler and everything the coordinator draws."""
+    output_dir: str = spec("outputs/run")
+    """Where checkpoints, logs, the plot and the eval report go."""
+    eval_every: int = spec(0, ge=0)
+    """Evaluate every this many steps (0: only at the end, if eval.at_end)."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = spec(10, ge=0)
+    """Checkpoint every this many steps (0: only at the end and on SIGTERM)."""
+    keep_last: int = spec(2, ge=1)
+    """Complete checkpoints kept; older ones are deleted."""
+    resume: str = spec("")
+    """`` (start fresh), `auto` (the last complete checkpoint in output_dir, if any) or a checkpoint path."""
+
+
+@dataclass
+class TransportConfig:
+    host: str = spec("127.0.0.1")
+    """Interface the ZMQ endpoints bind to. Loopback unless set; multi-node runs name the node's interface
+    (or 0.0.0.0) here."""
+    trajectory_port: int = spec(0, ge=0, le=65535)
+    """Port of the coordinator's trajectory receiver (0: a free port)."""
+    weights_port: int = spec(0, ge=0, le=65535)
+    """Port of the learner's weights publisher (0: a free port)."""
+    hwm: int = spec(64, ge=1)
+    """High-water mark (messages) of the trajectory channel on each end."""
+    weights_chunk_mb: int = spec(64, ge=1)
+    """Largest chunk of the weights channel."""
+    weights_ack_timeout_s: float = spec(300.0, gt=0)
+    """How long the learner waits for every generator to acknowledge a weight version."""
+
+
+@dataclass
+class LoggingConfig:
+    wandb_mode: str = spec("offline", choices=("offline", "online", "disabled"))
+    """wandb mode; offline writes under output_dir/wandb."""
+    project: str = spec("agentgym-rl")
+    """wandb project."""
+    run_name: str = spec("")
+    """wandb run name (empty: derived from output_dir)."""
+    progress_bar: bool = spec(True)
+    """Show the progress bar."""
+    log_every: int = spec(1, ge=1)
+    """Log metrics every this many steps."""
+
+
+@dataclass
+class RayConfig:
+    address: str = spec("")
+    """Ray cluster address; empty uses RAY_ADDRESS, or starts a local Ray on loopback."""
+    num_cpus: int = spec(0, ge=0)
+    """CPUs of a local Ray (0: all of this machine's)."""
+    namespace: str = spec("agentgym-rl")
+    """Ray namespace of the run's actors."""
+
+
+@dataclass
+class EvalConfig:
+    split: str = spec("test", choices=("train", "test"))
+    """Split to evaluate."""
+    envs: list[str] = spec(["babyai"], nonempty=True)
+    """Env families to evaluate."""
+    limit: int = spec(0, ge=0)
+    """Evaluate only the first N items of each split (0: all)."""
+    samples: int = spec(1, ge=1)
+    """Samples per item (k)."""
+    temperature: float = spec(0.0, ge=0)
+    """0 is greedy."""
+    max_turns: int = spec(0, ge=0)
+    """Turn limit during eval (0: the family's reference limit)."""
+    at_end: bool = spec(True)
+    """Run an evaluation when training ends."""

@@ -1,0 +1,153 @@
+"""msgpack encoding of trajectory records, with the per-token arrays as separate zero-copy frames.
+
+A record is one multipart message:
+  frame 0: msgpack header {"schema", "kind": "trajectory", ids, horizon, termination, turn arrays, metrics,
+           "arrays": [[name, dtype, length], ...]}
+  frames 1..4: the raw little-endian bytes of tokens, loss_mask, logprobs, versions (in that order).
+
+Nothing is pickled. Decoding checks the schema version, every field's type, the frame count and sizes, and
+then the record's own invariants (`Trajectory.validate`); any failure raises `WireError` naming the field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import msgpack
+import numpy as np
+
+from core.trajectory import (
+    LOGPROB_DTYPE,
+    MASK_DTYPE,
+    TOKEN_DTYPE,
+    VERSION_DTYPE,
+    Termination,
+    Trajectory,
+    WireError,
+)
+
+SCHEMA_VERSION = 1
+KIND = "trajectory"
+ARRAY_FIELDS: tuple[tuple[str, np.dtype], ...] = (
+    ("tokens", TOKEN_DTYPE),
+    ("loss_mask", MASK_DTYPE),
+    ("logprobs", LOGPROB_DTYPE),
+    ("versions", VERSION_DTYPE),
+)
+_HEADER_KEYS = {
+    "schema", "kind", "trajectory_id", "group_id", "item_id", "env", "sample_index", "horizon",
+    "termination", "turn_ends", "turn_rewards", "metrics", "arrays",
+}
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """Size limits a decoder enforces before it allocates anything."""
+
+    max_header_bytes: int = 1 << 20
+    max_tokens: int = 1 << 22
+    max_turns: int = 1 << 16
+
+
+def encode(traj: Trajectory) -> list[bytes | memoryview]:
+    """Encode a record into frames; the array frames are views of the record's own buffers (no copy)."""
+    header = {
+        "schema": SCHEMA_VERSION,
+        "kind": KIND,
+        "trajectory_id": traj.trajectory_id,
+        "group_id": traj.group_id,
+        "item_id": traj.item_id,
+        "env": traj.env,
+        "sample_index": traj.sample_index,
+        "horizon": traj.horizon,
+        "termination": traj.termination.value,
+        "turn_ends": np.ascontiguousarray(traj.turn_ends, TOKEN_DTYPE).tobytes(),
+        "turn_rewards": np.ascontiguousarray(traj.turn_rewards, LOGPROB_DTYPE).tobytes(),
+        "metrics": {k: float(v) for k, v in traj.metrics.items()},
+        "arrays": [[name, dtype.str, int(getattr(traj, name).shape[0])] for name, dtype in ARRAY_FIELDS],
+    }
+    frames: list[bytes | memoryview] = [msgpack.packb(header, use_bin_type=True)]
+    for name, dtype in ARRAY_FIELDS:
+        arr = np.ascontiguousarray(getattr(traj, name), dtype)
+        frames.append(memoryview(arr).cast("B"))
+    return frames
+
+
+def _get(header: dict, key: str, typ: type) -> Any:
+    if key not in header:
+        raise WireError(key, "missing from header")
+    value = header[key]
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise WireError(key, f"expected {typ.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _array_from_bytes(name: str, raw: bytes, dtype: np.dtype, limit: int) -> np.ndarray:
+    if len(raw) % dtype.itemsize:
+        raise WireError(name, f"{len(raw)} bytes is not a multiple of {dtype.itemsize}")
+    if len(raw) // dtype.itemsize > limit:
+        raise WireError(name, f"{len(raw) // dtype.itemsize} entries exceed the limit of {limit}")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def decode(frames: Sequence[bytes | memoryview], limits: WireLimits = WireLimits()) -> Trajectory:
+    """Decode and validate frames produced by `encode`. Array fields are read-only views of the frames."""
+    if len(frames) != 1 + len(ARRAY_FIELDS):
+        raise WireError("frames", f"expected {1 + len(ARRAY_FIELDS)} frames, got {len(frames)}")
+    head_buf = frames[0]
+    if len(head_buf) > limits.max_header_bytes:
+        raise WireError("header", f"{len(head_buf)} bytes exceed the limit of {limits.max_header_bytes}")
+    try:
+        header = msgpack.unpackb(
+            head_buf, raw=False, strict_map_key=True, use_list=True,
+            max_bin_len=limits.max_header_bytes, max_str_len=limits.max_header_bytes,
+            max_array_len=limits.max_turns, max_map_len=1024,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for corrupt input
+        raise WireError("header", f"not valid msgpack ({type(exc).__name__}: {exc})") from None
+    if not isinstance(header, dict):
+        raise WireError("header", f"expected a map, got {type(header).__name__}")
+    schema = _get(header, "schema", int)
+    if schema != SCHEMA_VERSION:
+        raise WireError("schema", f"version {schema} is not supported (this build reads {SCHEMA_VERSION})")
+    if _get(header, "kind", str) != KIND:
+        raise WireError("kind", f"expected {KIND!r}, got {header['kind']!r}")
+    unknown = set(header) - _HEADER_KEYS
+    if unknown:
+        raise WireError(sorted(unknown)[0], "unknown header field")
+    try:
+        termination = Termination(_get(header, "termination", str))
+    except ValueError:
+        raise WireError("termination", f"unknown reason {header['termination']!r}") from None
+
+    declared = _get(header, "arrays", list)
+    if len(declared) != len(ARRAY_FIELDS):
+        raise WireError("arrays", f"expected {len(ARRAY_FIELDS)} array descriptors, got {len(declared)}")
+    arrays: dict[str, np.ndarray] = {}
+    for (name, dtype), desc, frame in zip(ARRAY_FIELDS, declared, frames[1:]):
+        if not (isinstance(desc, list) and len(desc) == 3 and desc[0] == name and desc[1] == dtype.str
+                and isinstance(desc[2], int) and not isinstance(desc[2], bool)):
+            raise WireError(name, f"bad array descriptor {desc!r:.80}")
+        if not 0 <= desc[2] <= limits.max_tokens:
+            raise WireError(name, f"declared length {desc[2]} outside [0, {limits.max_tokens}]")
+        if len(frame) != desc[2] * dtype.itemsize:
+            raise WireError(name, f"frame has {len(frame)} bytes, header declares {desc[2] * dtype.itemsize}")
+        arrays[name] = np.frombuffer(frame, dtype=dtype)
+
+    metrics = _get(header, "metrics", dict)
+    traj = Trajectory(
+        trajectory_id=_get(header, "trajectory_id", str),
+        group_id=_get(header, "group_id", str),
+        item_id=_get(header, "item_id", str),
+        env=_get(header, "env", str),
+        sample_index=_get(header, "sample_index", int),
+        horizon=_get(header, "horizon", int),
+        termination=termination,
+        turn_ends=_array_from_bytes("turn_ends", _get(header, "turn_ends", bytes), TOKEN_DTYPE, limits.max_turns),
+        turn_rewards=_array_from_bytes(
+            "turn_rewards", _get(header, "turn_rewards", bytes), LOGPROB_DTYPE, limits.max_turns),
+        metrics=metrics,
+        **arrays,
+    )
+    traj.validate(max_tokens=limits.max_tokens, max_turns=limits.max_turns)
+    return traj

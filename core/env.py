@@ -1,0 +1,109 @@
+"""The environment interface every family implements: reset by item id, step with raw agent text, close.
+
+What must hold:
+- `reset(item_id)` is deterministic: the same item id gives a byte-identical first observation in any process.
+- `step(text)` takes the agent's whole reply. The env extracts the action itself (its parse mode decides how)
+  and reports whether one was found (`valid_action`) and by which rule (`parse_rule`). Bad agent output is
+  never an exception: it gets an explanatory observation, changes nothing, and the episode goes on.
+- An exception out of `reset` or `step` means the env itself is broken. The env pool closes it, replaces it,
+  and ends the episode with reason `env_error`; it is never turned into a zero reward.
+- One env instance serves one episode at a time and is reused across episodes (reset switches the task).
+
+Blocking envs implement `SyncEnv` and are wrapped by `run_sync_env`, which moves every call onto one
+dedicated worker thread (some simulators must never be touched from two threads).
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Observation:
+    """What reset returns: the task's instruction and the first observation."""
+
+    text: str  # the first observation, task description included
+    instruction: str = ""  # how to act: action grammar and output format (system prompt or first user turn)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    valid_action: bool  # an action was found in the reply and the env accepted it
+    parse_rule: str  # which rule found the action: "strict", "lenient", or "none"
+    success: bool = False  # the task was solved (meaningful once done)
+    score: float | None = None  # the env's own raw score where it has one (e.g. SciWorld 0-100)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(abc.ABC):
+    """An async text environment. Implementations set `family`."""
+
+    family: str = ""
+
+    @abc.abstractmethod
+    async def reset(self, item_id: str) -> Observation: ...
+
+    @abc.abstractmethod
+    async def step(self, text: str) -> StepResult: ...
+
+    async def close(self) -> None:
+        return None
+
+
+class SyncEnv(abc.ABC):
+    """A blocking environment; wrap it with `run_sync_env` to use it as an `Env`."""
+
+    family: str = ""
+
+    @abc.abstractmethod
+    def reset(self, item_id: str) -> Observation: ...
+
+    @abc.abstractmethod
+    def step(self, text: str) -> StepResult: ...
+
+    def close(self) -> None:
+        return None
+
+
+class ThreadedEnv(Env):
+    """Runs a `SyncEnv` on its own single worker thread, off the event loop."""
+
+    def __init__(self, inner: SyncEnv):
+        self.inner = inner
+        self.family = inner.family
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"env-{inner.family}")
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def reset(self, item_id: str) -> Observation:
+        return await self._call(self.inner.reset, item_id)
+
+    async def step(self, text: str) -> StepResult:
+        return await self._call(self.inner.step, text)
+
+    async def close(self) -> None:
+        try:
+            await self._call(self.inner.close)
+        finally:
+            # A hung call keeps its thread; don't wait for it, the pool replaces this env anyway.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_sync_env(inner: SyncEnv) -> Env:
+    return ThreadedEnv(inner)
+
+
+def split_item_id(item_id: str) -> tuple[str, int]:
+    """`babyai_12` -> ("babyai", 12). Raises ValueError naming the bad id."""
+    family, sep, index = item_id.rpartition("_")
+    if not sep or not family or not index.isdigit():
+        raise ValueError(f"item id {item_id!r} is not of the form <env>_<n>")
+    return family, int(index)

@@ -1,0 +1,36 @@
+"""What the rollout loop asks of a policy: token ids in, sampled token ids out, with logprobs and versions.
+
+A `Policy` is implemented by the vLLM generator (through a router over replicas) and, in tests and
+benchmarks, by scripted policies that sample nothing (they say so in their docstrings).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]  # the whole episode so far: the model continues it
+    max_tokens: int
+    session_id: str  # the episode's id: requests of one session go to one replica (prefix cache)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    logprobs: list[float]  # behaviour logprob of each sampled token
+    versions: list[int]  # policy version that sampled each token (changes mid-turn on an abort-update)
+    finish_reason: str  # "stop" (end-of-turn token sampled), "length", or "abort"
+
+    def __post_init__(self) -> None:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.versions):
+            raise ValueError(f"generation result lengths differ: {len(self.token_ids)} tokens, "
+                             f"{len(self.logprobs)} logprobs, {len(self.versions)} versions")
+
+
+class Policy(Protocol):
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...

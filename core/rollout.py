@@ -1,0 +1,161 @@
+"""The multi-turn agent loop: one episode of reset -> generate -> step -> ..., emitted as one `Trajectory`.
+
+What must hold:
+- Tokens are append-only: the conversation start is rendered once (`ChatFormat.start`), then sampled tokens,
+  closings and user turns are appended. Sampled tokens carry mask 1, their behaviour logprob and version;
+  every other token carries mask 0, logprob 0 and version -1.
+- The episode ends on the env's done (`done`), on the horizon (`horizon`), when the next turn would not fit in
+  `max_context_tokens` (`context_limit`), or on an env failure (`env_error` / `env_timeout`, after which the
+  caller must replace the env). The record says which; nothing becomes a silent zero reward.
+- Each step awaits the next generation as soon as the env answered: there are no lockstep rounds.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.chat import ChatFormat
+from core.env import Env
+from core.policy import GenerationRequest, Policy
+from core.trajectory import (
+    LOGPROB_DTYPE, MASK_DTYPE, NO_VERSION, TOKEN_DTYPE, VERSION_DTYPE, Termination, Trajectory,
+)
+
+log = logging.getLogger("agentgym.rollout")
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    trajectory_id: str
+    item_id: str
+    group_id: str
+    sample_index: int
+    horizon: int  # turn limit in force for this episode
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_tokens_per_turn: int = 48
+    max_context_tokens: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    format_reward: float = 0.0  # added to a turn's reward when its action parsed as valid
+    instruction_role: str = "system"
+    reset_timeout_s: float = 120.0
+    step_timeout_s: float = 60.0
+
+
+class _Builder:
+    """Accumulates the per-token arrays of one episode."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+
+    def context(self, ids: list[int]) -> None:
+        self.tokens += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [NO_VERSION] * len(ids)
+
+    def sampled(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        self.tokens += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += [min(0.0, float(x)) for x in logprobs]
+        self.versions += versions
+
+
+async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeSpec,
+                      limits: EpisodeLimits) -> Trajectory:
+    """Run one episode to its end and return its record (never raises for env or policy failures)."""
+    b = _Builder()
+    turn_ends: list[int] = []
+    turn_rewards: list[float] = []
+    metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "success": 0.0,
+               "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
+    termination = Termination.HORIZON
+    started = time.monotonic()
+    try:
+        t0 = time.monotonic()
+        obs = await asyncio.wait_for(env.reset(spec.item_id), limits.reset_timeout_s)
+        metrics["env_seconds"] += time.monotonic() - t0
+        b.context(chat.start(obs.instruction, obs.text, limits.instruction_role))
+        for _ in range(spec.horizon):
+            closing = len(chat.closing(False))
+            room = limits.max_context_tokens - len(b.tokens) - closing
+            if room < 1:
+                termination = Termination.CONTEXT
+                break
+            t0 = time.monotonic()
+            try:
+                gen = await policy.generate(GenerationRequest(
+                    prompt_ids=list(b.tokens), max_tokens=min(limits.max_tokens_per_turn, room),
+                    session_id=spec.trajectory_id, temperature=limits.temperature, top_p=limits.top_p))
+            except Exception as exc:  # the generator failed: the run cannot continue this episode
+                log.error("episode %s: generation failed: %r", spec.trajectory_id, exc)
+                metrics["policy_error"] = 1.0
+                termination = Termination.ABORTED
+                break
+            metrics["gen_seconds"] += time.monotonic() - t0
+            if not gen.token_ids:
+                termination = Termination.ABORTED  # aborted before sampling anything (shutdown)
+                break
+            b.sampled(gen.token_ids, gen.logprobs, gen.versions)
+            turn_ends.append(len(b.tokens))
+            metrics["gen_tokens"] += len(gen.token_ids)
+            sampled_eos = gen.finish_reason == "stop" and gen.token_ids[-1] == chat.eos_id
+            b.context(chat.closing(sampled_eos))
+            reply = chat.tok.decode(gen.token_ids, skip_special_tokens=True)
+            t0 = time.monotonic()
+            try:
+                step = await asyncio.wait_for(env.step(reply), limits.step_timeout_s)
+            except asyncio.TimeoutError:
+                termination = Termination.ENV_TIMEOUT
+                turn_rewards.append(0.0)
+                break
+            except Exception as exc:
+                log.warning("episode %s: env %s raised in step: %r", spec.trajectory_id, env.family, exc)
+                termination = Termination.ENV_ERROR
+                turn_rewards.append(0.0)
+                break
+            finally:
+                metrics["env_seconds"] += time.monotonic() - t0
+            shaped = limits.format_reward if step.valid_action else 0.0
+            turn_rewards.append(float(step.reward) + shaped)
+            metrics["env_reward"] += float(step.reward)
+            metrics["format_reward"] += shaped
+            metrics["valid_actions"] += float(step.valid_action)
+            if step.score is not None:
+                metrics["score"] = float(step.score)
+            if step.done:
+                metrics["success"] = float(step.success)
+                termination = Termination.DONE
+                break
+            user = chat.user_turn(step.observation)
+            if len(b.tokens) + len(user) + 1 + closing > limits.max_context_tokens:
+                termination = Termination.CONTEXT
+                break
+            b.context(user)
+    except asyncio.TimeoutError:
+        termination = Termination.ENV_TIMEOUT  # reset timed out
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("episode %s: env raised in reset: %r", spec.trajectory_id, exc)
+        termination = Termination.ENV_ERROR
+    metrics["num_turns"] = float(len(turn_ends))
+    metrics["episode_seconds"] = time.monotonic() - started
+    return Trajectory(
+        trajectory_id=spec.trajectory_id, group_id=spec.group_id, item_id=spec.item_id, env=env.family,
+        sample_index=spec.sample_index, horizon=spec.horizon, termination=termination,
+        tokens=np.asarray(b.tokens, TOKEN_DTYPE), loss_mask=np.asarray(b.mask, MASK_DTYPE),
+        logprobs=np.asarray(b.logprobs, LOGPROB_DTYPE), versions=np.asarray(b.versions, VERSION_DTYPE),
+        turn_ends=np.asarray(turn_ends, TOKEN_DTYPE), turn_rewards=np.asarray(turn_rewards, LOGPROB_DTYPE),
+        metrics=metrics,
+    )

@@ -1,0 +1,35 @@
+"""Command-line handling shared by the entry points: --config, --print-config, --explain and overrides.
+
+Config problems exit with code 2 and one line naming the key, before torch, Ray or vLLM is imported.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from configs.fields import ConfigError
+from configs.load import explain, load_config, to_yaml
+from configs.schema import RootConfig
+
+
+def parse(argv: Sequence[str] | None, prog: str, description: str) -> tuple[RootConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", default=None, help="YAML recipe (default: configs/default.yaml)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--explain", action="store_true", help="list every config key with its meaning and exit")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.num_actors=4")
+    args = parser.parse_args(argv)
+    if args.explain:
+        for key, default, doc in explain():
+            print(f"{key} = {default}\n    {doc}")
+        raise SystemExit(0)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"{prog}: config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.print_config:
+        print(to_yaml(cfg), end="")
+        raise SystemExit(0)
+    return cfg, args

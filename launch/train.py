@@ -1,0 +1,21 @@
+"""Train: `python -m launch.train [--config configs/X.yaml] [key=value ...]`.
+
+Starts a local Ray on loopback (or joins RAY_ADDRESS / ray.address) and runs the asynchronous training job.
+Runs unchanged under `ray job submit --working-dir . -- python -m launch.train ...`.
+"""
+from __future__ import annotations
+
+import sys
+
+from launch.cli import parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, _ = parse(argv, "launch.train", __doc__.splitlines()[0])
+    from launch.run import run_training  # heavy imports (torch, Ray, vLLM) only after the config is valid
+
+    return run_training(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
