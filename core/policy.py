@@ -34,3 +34,9 @@ class GenerationResult:
 
 class Policy(Protocol):
     async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+
+# Optional on a policy: `async def end_session(self, session_id: str) -> None`. `run_episode` calls it once when
+# an episode ends (however it ends), so a generator can free the episode's admission slot at once instead of
+# waiting for it to go idle. Policies without per-episode state (scripted ones) simply don't define it.
+END_SESSION = "end_session"

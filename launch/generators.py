@@ -1,0 +1,72 @@
+"""Generator replicas as Ray actors, placed from config, and the `PolicyClient` that routes over them.
+
+    handles = start_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
+                               max_model_len=cfg.rollout.max_context_tokens, weights_endpoint=endpoint)
+    policy = PolicyClient(handles)   # give it to env-pool actors
+
+Placement: one actor per replica, each reserving `generator.num_cpus` CPUs and, on cuda, `num_gpus` GPUs
+(at least `tensor_parallel_size`: vLLM's tensor-parallel workers use the GPUs Ray gives the actor). Replicas
+are spread over nodes where Ray can. An async actor with a high `max_concurrency` lets every episode's request
+wait inside the engine at once: that is what continuous batching needs.
+
+Env of each actor: the repository root on PYTHONPATH (vLLM's engine process imports
+`actors.vllm_weights` for the weight loader) and OMP_NUM_THREADS matching its CPUs (Ray sets 1 otherwise).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from actors.generator import Generator
+from actors.policy_client import PolicyClient
+from configs.generation import GeneratorConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def actor_options(cfg: GeneratorConfig, index: int) -> dict:
+    gpus = cfg.num_gpus
+    if cfg.device == "cuda":
+        gpus = max(gpus, float(cfg.tensor_parallel_size))
+    threads = max(1, math.floor(cfg.num_cpus)) if cfg.num_cpus else 1
+    return {
+        "num_cpus": cfg.num_cpus,
+        "num_gpus": gpus,
+        "max_concurrency": 4096,
+        "scheduling_strategy": "SPREAD",
+        "runtime_env": {"env_vars": {"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(threads),
+                                     "TOKENIZERS_PARALLELISM": "false"}},
+    }
+
+
+def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str, max_model_len: int,
+                     weights_endpoint: str = "", initial_version: int = 0, name_prefix: str = "generator",
+                     timeout_s: float = 900.0) -> list[Any]:
+    """Start `cfg.num_replicas` generator actors, wait until each engine is ready, subscribe them to weights."""
+    import ray
+
+    remote_cls = ray.remote(Generator)
+    handles = []
+    for i in range(cfg.num_replicas):
+        handles.append(remote_cls.options(**actor_options(cfg, i)).remote(
+            str(model_dir), cfg, dtype=dtype, max_model_len=max_model_len, name=f"{name_prefix}-{i}",
+            initial_version=initial_version, replica_index=i))
+    ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
+    if weights_endpoint:
+        ray.get([h.subscribe_weights.remote(weights_endpoint) for h in handles], timeout=60)
+    return handles
+
+
+def stop_generators(handles: list[Any], timeout_s: float = 60.0) -> None:
+    import ray
+
+    try:
+        ray.get([h.shutdown.remote() for h in handles], timeout=timeout_s)
+    finally:
+        for h in handles:
+            ray.kill(h)
+
+
+def policy_client(handles: list[Any]) -> PolicyClient:
+    return PolicyClient(handles)
