@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import random
 from typing import Any, Sequence
 
 from core.policy import GenerationRequest, GenerationResult
@@ -31,6 +32,7 @@ class PolicyClient:
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._pending = [0] * len(self.handles)  # routed here, first request not answered yet
         self._route_lock: asyncio.Lock | None = None
+        self._next = random.randrange(len(self.handles))  # ties rotate, from a random start per client
 
     def __getstate__(self) -> dict:
         return {"handles": self.handles, "max_sessions_tracked": self.max_sessions_tracked}
@@ -72,7 +74,9 @@ class PolicyClient:
             loads = await asyncio.gather(*(h.load.remote() for h in self.handles))
             scores = [(load["sessions"] + load["waiting"] + self._pending[i]) / max(1, load["capacity"])
                       for i, load in enumerate(loads)]
-            index = min(range(len(scores)), key=lambda i: (scores[i], i))
+            n = len(scores)
+            index = min(range(n), key=lambda i: (scores[i], (i - self._next) % n))
+            self._next = (index + 1) % n
             self._pending[index] += 1
             return index
 

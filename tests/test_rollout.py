@@ -1,0 +1,156 @@
+"""The multi-turn agent loop: how episodes end, what the record holds, and that episodes never wait for each other.
+
+Policies here are scripted (core/scripted_policy.py) or thin wrappers around it that fail on purpose: the loop
+is under test, not the model. tests/test_generator.py runs the same loop on the vLLM generator.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from core.chat import ChatFormat
+from core.env import Env, Observation, StepResult
+from core.policy import GenerationRequest, GenerationResult
+from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
+from core.scripted_policy import ScriptedPolicy
+from core.trajectory import NO_VERSION, Termination
+
+
+class _Env(Env):
+    """Scriptable: done after `done_after` steps, optional per-step delay, optional failures."""
+
+    family = "toy"
+
+    def __init__(self, done_after: int = 100, delay_s: float = 0.0, fail_reset: bool = False,
+                 fail_step_at: int = 0, hang_step_at: int = 0, obs_len: int = 1):
+        self.done_after, self.delay_s = done_after, delay_s
+        self.fail_reset, self.fail_step_at, self.hang_step_at = fail_reset, fail_step_at, hang_step_at
+        self.obs_len = obs_len
+        self.steps = 0
+        self.step_times: list[float] = []
+
+    async def reset(self, item_id: str) -> Observation:
+        if self.fail_reset:
+            raise RuntimeError("simulator crashed")
+        self.steps = 0
+        return Observation(text=f"Task {item_id}: go to the red ball.", instruction="Act.")
+
+    async def step(self, text: str) -> StepResult:
+        self.steps += 1
+        self.step_times.append(time.monotonic())
+        if self.steps == self.fail_step_at:
+            raise RuntimeError("simulator crashed")
+        if self.steps == self.hang_step_at:
+            await asyncio.sleep(60)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        done = self.steps >= self.done_after
+        return StepResult(observation=" ".join(["wall"] * self.obs_len), reward=0.5 if done else 0.0, done=done,
+                          valid_action="go" in text, parse_rule="lenient", success=done)
+
+
+class _Recording(ScriptedPolicy):
+    """Scripted replies, plus a log of end_session calls."""
+
+    def __init__(self, tokenizer, reply="go to red ball 1", **kw):
+        super().__init__(tokenizer, lambda conversation: reply, version=3, **kw)
+        self.ended: list[str] = []
+
+    async def end_session(self, session_id: str) -> None:
+        self.ended.append(session_id)
+
+
+def _spec(name="e-0", horizon=4):
+    return EpisodeSpec(name, "toy_1", "group-1", 0, horizon=horizon)
+
+
+def _run(env, policy, tok, spec=None, **limits):
+    return asyncio.run(run_episode(env, policy, ChatFormat(tok), spec or _spec(), EpisodeLimits(**limits)))
+
+
+def test_done_episode_record(tiny_tokenizer):
+    policy = _Recording(tiny_tokenizer)
+    traj = _run(_Env(done_after=2), policy, tiny_tokenizer, format_reward=0.1)
+    traj.validate()
+    assert traj.termination is Termination.DONE and traj.num_turns == 2
+    np.testing.assert_allclose(traj.turn_rewards, [0.1, 0.6])
+    assert traj.metrics["success"] == 1.0 and traj.metrics["valid_actions"] == 2.0
+    sampled = traj.loss_mask.astype(bool)
+    assert np.all(traj.versions[sampled] == 3) and np.all(traj.versions[~sampled] == NO_VERSION)
+    assert np.all(traj.logprobs[~sampled] == 0)
+    assert traj.tokens[-1] != tiny_tokenizer.eos_token_id  # ends with the closing's "\n" after the reply
+    assert policy.ended == ["e-0"]
+
+
+def test_horizon_ends_without_a_trailing_observation(tiny_tokenizer):
+    policy = _Recording(tiny_tokenizer)
+    traj = _run(_Env(), policy, tiny_tokenizer)
+    assert traj.termination is Termination.HORIZON and traj.num_turns == 4
+    # The record ends with the last reply and its closing: no observation that no reply follows.
+    tail = tiny_tokenizer.decode(traj.tokens[traj.turn_ends[-1]:].tolist())
+    assert tail == "\n"
+    assert policy.ended == ["e-0"]
+
+
+def test_context_limit(tiny_tokenizer):
+    policy = _Recording(tiny_tokenizer)
+    traj = _run(_Env(obs_len=40), policy, tiny_tokenizer, max_context_tokens=160)
+    traj.validate()
+    assert traj.termination is Termination.CONTEXT and traj.num_tokens <= 160
+    assert policy.ended == ["e-0"]
+
+
+def test_env_failures_end_the_episode_with_their_reason(tiny_tokenizer):
+    policy = _Recording(tiny_tokenizer)
+    reset_fail = _run(_Env(fail_reset=True), policy, tiny_tokenizer)
+    assert reset_fail.termination is Termination.ENV_ERROR and reset_fail.num_tokens == 0
+    step_fail = _run(_Env(fail_step_at=2), policy, tiny_tokenizer)
+    step_fail.validate()
+    assert step_fail.termination is Termination.ENV_ERROR and step_fail.num_turns == 2
+    hang = _run(_Env(hang_step_at=1), policy, tiny_tokenizer, step_timeout_s=0.2)
+    assert hang.termination is Termination.ENV_TIMEOUT
+    assert policy.ended == ["e-0"] * 3
+
+
+class _Failing(_Recording):
+    def __init__(self, tokenizer, fail_at: int, how: str):
+        super().__init__(tokenizer)
+        self.fail_at, self.how = fail_at, how
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await super().generate(request)
+        if self.calls == self.fail_at:
+            if self.how == "raise":
+                raise ConnectionError("generator actor died")
+            result.finish_reason = "abort"  # the generator shut down mid-reply
+        return result
+
+
+@pytest.mark.parametrize("how", ["raise", "abort"])
+def test_generator_failure_or_shutdown_aborts_the_episode(tiny_tokenizer, how):
+    policy = _Failing(tiny_tokenizer, fail_at=2, how=how)
+    traj = _run(_Env(), policy, tiny_tokenizer)
+    traj.validate()
+    assert traj.termination is Termination.ABORTED
+    assert traj.num_turns == 1  # the cut reply is not in the record
+    assert policy.ended == ["e-0"]
+
+
+def test_episodes_do_not_wait_for_each_other(tiny_tokenizer):
+    """A fast env's episode finishes all its turns while a slow env's episode is still on its first."""
+    policy = _Recording(tiny_tokenizer)
+    chat = ChatFormat(tiny_tokenizer)
+    slow, fast = _Env(delay_s=1.0), _Env(delay_s=0.01)
+
+    async def both():
+        return await asyncio.gather(
+            run_episode(slow, policy, chat, _spec("slow", horizon=3), EpisodeLimits()),
+            run_episode(fast, policy, chat, _spec("fast", horizon=6), EpisodeLimits()))
+
+    trajs = asyncio.run(both())
+    assert [t.num_turns for t in trajs] == [3, 6]
+    assert fast.step_times[-1] < slow.step_times[1]  # all six fast turns before the slow one's second
+    assert sorted(policy.ended) == ["fast", "slow"]
