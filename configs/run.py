@@ -44,8 +44,8 @@ class TransportConfig:
     """Port of the learner's weights publisher (0: a free port)."""
     hwm: int = spec(64, ge=1)
     """High-water mark (messages) of the trajectory channel on each end."""
-    weights_chunk_mb: int = spec(64, ge=1)
-    """Largest chunk of the weights channel."""
+    weights_chunk_mb: int = spec(4, ge=1, le=1024)
+    """Largest chunk of the weights channel (small chunks keep the receiver's buffers recycled)."""
     weights_ack_timeout_s: float = spec(300.0, gt=0)
     """How long the learner waits for every generator to acknowledge a weight version."""
 

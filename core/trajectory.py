@@ -122,18 +122,21 @@ class Trajectory:
         if k > max_turns:
             raise WireError("turn_ends", f"{k} turns exceed the limit of {max_turns}")
         _check_array("turn_rewards", self.turn_rewards, LOGPROB_DTYPE, k)
+        # Whole-array passes without boolean indexing: validation runs on every received record.
         if n and self.tokens.min() < 0:
             raise WireError("tokens", "token ids must be >= 0")
         if n and self.loss_mask.max() > 1:
             raise WireError("loss_mask", "entries must be 0 or 1")
-        sampled = self.loss_mask.astype(bool)
-        if not np.all(np.isfinite(self.logprobs[sampled])) or np.any(self.logprobs[sampled] > 0):
+        sampled = self.loss_mask.view(np.bool_)
+        lp = self.logprobs
+        if n and not (np.isfinite(lp).all() and lp.max() <= 0):
             raise WireError("logprobs", "sampled tokens need finite logprobs <= 0")
-        if np.any(self.logprobs[~sampled] != 0):
+        if n and np.any((lp != 0) > sampled):  # a non-zero logprob where nothing was sampled
             raise WireError("logprobs", "tokens that were not sampled must carry logprob 0")
-        if np.any(self.versions[sampled] < 0):
-            raise WireError("versions", "sampled tokens need a policy version >= 0")
-        if np.any(self.versions[~sampled] != NO_VERSION):
+        v = self.versions
+        if n and (v.min() < NO_VERSION or np.any((v < 0) == sampled)):
+            if np.any(v[sampled] < 0):
+                raise WireError("versions", "sampled tokens need a policy version >= 0")
             raise WireError("versions", f"tokens that were not sampled must carry version {NO_VERSION}")
         if k:
             if self.turn_ends[0] < 1 or self.turn_ends[-1] > n or np.any(np.diff(self.turn_ends) <= 0):

@@ -110,7 +110,10 @@ class TrajectorySender:
 
     def __init__(self, endpoint: str, name: str | None = None, hwm: int = 64,
                  ctx: zmq.Context | None = None):
-        self._ctx = ctx or zmq.Context.instance()
+        # Frames go out zero-copy, so the sender's own context is terminated on close: that blocks until
+        # every queued frame is on the wire (or `linger` passed) and nothing is freed under the I/O thread.
+        self._own_ctx = ctx is None
+        self._ctx = ctx or zmq.Context()
         self.name = name or f"sender-{uuid.uuid4().hex[:8]}"
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.ROUTING_ID, self.name.encode())
@@ -132,3 +135,5 @@ class TrajectorySender:
 
     def close(self, linger_ms: int = 5000) -> None:
         self._sock.close(linger_ms)
+        if self._own_ctx:
+            self._ctx.term()

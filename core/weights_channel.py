@@ -49,12 +49,18 @@ class WeightSet:
         return sum(len(t.data) for t in self.tensors.values())
 
 
+def _byte_view(data) -> memoryview:
+    """A flat byte view of a C-contiguous buffer (an empty buffer of any shape gives an empty view)."""
+    view = memoryview(data)
+    return view.cast("B") if view.nbytes else memoryview(b"")
+
+
 def _chunks(tensors: Iterable[TensorBytes], chunk_bytes: int) -> Iterator[list[tuple[TensorBytes, int, memoryview]]]:
     """Group tensor byte ranges into chunks of at most `chunk_bytes` (a lone large tensor is split)."""
     chunk: list[tuple[TensorBytes, int, memoryview]] = []
     room = chunk_bytes
     for t in tensors:
-        view = memoryview(t.data).cast("B")
+        view = _byte_view(t.data)
         offset = 0
         while True:  # an empty tensor still gets one (empty) part, so the receiver learns its shape
             take = min(room, len(view) - offset)
@@ -73,9 +79,13 @@ def _chunks(tensors: Iterable[TensorBytes], chunk_bytes: int) -> Iterator[list[t
 class WeightPublisher:
     """The learner's end. Binds; generators connect and say hello."""
 
-    def __init__(self, host: str = LOOPBACK, port: int = 0, chunk_bytes: int = 64 << 20,
-                 hwm: int = 4, ctx: zmq.Context | None = None):
-        self._ctx = ctx or zmq.Context.instance()
+    def __init__(self, host: str = LOOPBACK, port: int = 0, chunk_bytes: int = 4 << 20,
+                 hwm: int = 8, ctx: zmq.Context | None = None):
+        # Chunks stay well under glibc's 32 MB mmap threshold, so the receiver's per-message buffers are
+        # recycled from the heap instead of being mapped (and page-faulted) afresh for every chunk.
+        # Weights go out zero-copy: an own context, terminated on close, outlives every queued frame.
+        self._own_ctx = ctx is None
+        self._ctx = ctx or zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown peer raises instead of dropping silently
         self._sock.setsockopt(zmq.SNDHWM, hwm)
@@ -127,7 +137,7 @@ class WeightPublisher:
         for seq, chunk in enumerate(chunks):
             header = msgpack.packb({
                 "version": version, "seq": seq, "n_chunks": len(chunks),
-                "parts": [[t.name, t.dtype, list(t.shape), off, len(memoryview(t.data).cast("B"))]
+                "parts": [[t.name, t.dtype, list(t.shape), off, _byte_view(t.data).nbytes]
                           for t, off, _ in chunk],
             })
             frames = [b"C", header] + [view for _, _, view in chunk]
@@ -155,19 +165,22 @@ class WeightPublisher:
                 raise TimeoutError(f"weights version {version}: no ack from {', '.join(sorted(missing))}")
             self.poll(50)
 
-    def close(self) -> None:
-        self._sock.close(0)
+    def close(self, linger_ms: int = 0) -> None:
+        self._sock.close(linger_ms)
+        if self._own_ctx:
+            self._ctx.term()
 
 
 class _Assembly:
     """Buffers for one version while its chunks arrive."""
 
-    def __init__(self, version: int, n_chunks: int):
+    def __init__(self, version: int, n_chunks: int, spare: dict[str, np.ndarray] | None = None):
         self.version = version
         self.n_chunks = n_chunks
         self.seen: set[int] = set()
-        self.buffers: dict[str, tuple[str, tuple[int, ...], bytearray]] = {}
+        self.buffers: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
         self.filled: dict[str, int] = {}
+        self.spare = spare or {}  # byte buffers of an older version, reused when the sizes match
 
     def add(self, header: dict, frames: list) -> None:
         seq = header["seq"]
@@ -181,13 +194,18 @@ class _Assembly:
                 expected = int(np.prod(shape, dtype=np.int64)) * _itemsize(dtype)
                 if expected != total:
                     raise WireError("parts", f"{name}: shape {shape} of {dtype} is {expected} bytes, not {total}")
-                self.buffers[name] = (dtype, tuple(shape), bytearray(total))
+                buf = self.spare.pop(name, None)
+                if buf is None or buf.nbytes != total:
+                    buf = np.empty(total, np.uint8)  # not zero-filled: every byte is written before use
+                self.buffers[name] = (dtype, tuple(shape), buf)
                 self.filled[name] = 0
+            elif self.buffers[name][:2] != (dtype, tuple(shape)) or len(self.buffers[name][2]) != total:
+                raise WireError("parts", f"{name}: dtype/shape differ between chunks of version {self.version}")
             buf = self.buffers[name][2]
             n = len(frame)
             if offset < 0 or offset + n > len(buf):
                 raise WireError("parts", f"{name}: bytes [{offset}, {offset + n}) outside 0..{len(buf)}")
-            buf[offset:offset + n] = frame
+            buf.data[offset:offset + n] = frame  # a memoryview slice copy runs at memcpy speed
             self.filled[name] += n
         self.seen.add(seq)
 
@@ -196,7 +214,7 @@ class _Assembly:
             self.filled[n] == len(b[2]) for n, b in self.buffers.items())
 
     def result(self) -> WeightSet:
-        return WeightSet(self.version, {n: TensorBytes(n, d, s, b) for n, (d, s, b) in self.buffers.items()})
+        return WeightSet(self.version, {n: TensorBytes(n, d, s, b.data) for n, (d, s, b) in self.buffers.items()})
 
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
@@ -210,7 +228,11 @@ def _itemsize(dtype: str) -> int:
 
 
 class WeightSubscriber:
-    """A generator's end. Connects, says hello, and hands out complete versions."""
+    """A generator's end. Connects, says hello, and hands out complete versions.
+
+    Buffers are reused: a `WeightSet` returned by `poll` stays valid until the *second* version after it
+    completes (apply it, or copy what you keep, before then).
+    """
 
     def __init__(self, endpoint: str, name: str | None = None, ctx: zmq.Context | None = None):
         self._ctx = ctx or zmq.Context.instance()
@@ -222,6 +244,10 @@ class WeightSubscriber:
         self._sock.connect(endpoint)
         self._sock.send_multipart([b"H", msgpack.packb({"name": self.name})])
         self._assembly: _Assembly | None = None
+        # Double buffering: the version handed out last stays untouched; the one before it lends its buffers
+        # to the next assembly, so steady-state updates allocate (and page-fault) nothing.
+        self._handed_out: dict[str, np.ndarray] = {}
+        self._spare: dict[str, np.ndarray] = {}
         self.latest_version = -1
         self.dropped = 0
 
@@ -237,6 +263,7 @@ class WeightSubscriber:
                 done = self._accept([p.buffer for p in parts])
             except (WireError, KeyError, TypeError, ValueError) as exc:
                 self.dropped += 1
+                self._assembly = None  # a version with a bad chunk cannot be trusted; wait for the next one
                 log.warning("weights subscriber %s: dropped a bad chunk: %s", self.name, exc)
                 continue
             if done is not None:
@@ -252,11 +279,13 @@ class WeightSubscriber:
         if self._assembly is None or self._assembly.version != version:
             if self._assembly is not None and version < self._assembly.version:
                 return None
-            self._assembly = _Assembly(version, n_chunks)  # a newer version supersedes a partial one
+            self._assembly = _Assembly(version, n_chunks, self._spare)  # a newer version supersedes a partial one
         self._assembly.add(header, parts[2:])
         if not self._assembly.complete():
             return None
-        done, self._assembly = self._assembly.result(), None
+        done = self._assembly.result()
+        self._spare, self._handed_out = self._handed_out, {n: b for n, (_, _, b) in self._assembly.buffers.items()}
+        self._assembly = None
         self.latest_version = version
         return done
 

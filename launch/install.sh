@@ -35,8 +35,21 @@ fi
 
 echo "install.sh: building .venv ($FLAVOR); a first install takes a few minutes"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-"${PIP[@]}" install -q --upgrade pip
+# pip, minus this machine's warnings about index folders that do not carry a package.
+pip_() {
+  "$VENV/bin/python" -m pip --disable-pip-version-check "$@" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+# Registries can hiccup; a failed download is retried rather than failing the whole setup.
+retry() {
+  local n
+  for n in 1 2 3; do
+    "$@" && return 0
+    echo "install.sh: attempt $n of: $* failed; retrying" >&2
+    sleep $((n * 5))
+  done
+  "$@"
+}
 
 # Read the pins from pyproject.toml so that they are written down in one place only.
 read_pins() {  # $1: python expression over the parsed pyproject `p`
@@ -54,17 +67,17 @@ mapfile -t REMOVE < <(read_pins 'p["tool"]["agentgym"]["install"]["remove_after"
 
 # torch first and pinned exactly: a bare `torch` requirement elsewhere would otherwise pull a multi-GB CUDA build.
 TORCH=$(printf '%s\n' "${EXTRA[@]}" | grep '^torch==')
-"${PIP[@]}" install -q "$TORCH"
+retry pip_ install -q "$TORCH"
 if [ "$FLAVOR" = gpu ]; then
   # flash-attn compiles against the installed torch; it needs CUDA_HOME and no build isolation.
   NON_FA=$(printf '%s\n' "${EXTRA[@]}" | grep -v '^flash-attn')
-  "${PIP[@]}" install -q "${BASE[@]}" $NON_FA "${TEST[@]}"
-  "${PIP[@]}" install -q --no-build-isolation "$(printf '%s\n' "${EXTRA[@]}" | grep '^flash-attn')"
+  retry pip_ install -q "${BASE[@]}" $NON_FA "${TEST[@]}"
+  retry pip_ install -q --no-build-isolation "$(printf '%s\n' "${EXTRA[@]}" | grep '^flash-attn')"
 else
-  "${PIP[@]}" install -q "${BASE[@]}" "${EXTRA[@]}" "${TEST[@]}"
+  retry pip_ install -q "${BASE[@]}" "${EXTRA[@]}" "${TEST[@]}"
 fi
-"${PIP[@]}" install -q --no-deps "${NODEPS[@]}"
-"${PIP[@]}" uninstall -y -q "${REMOVE[@]}" 2>/dev/null || true
+retry pip_ install -q --no-deps "${NODEPS[@]}"
+pip_ uninstall -y -q "${REMOVE[@]}" 2>/dev/null || true
 
 "$VENV/bin/python" -c 'import torch, ray, zmq, msgpack, omegaconf, deepspeed, transformers' \
   || { echo "install.sh: the new .venv fails to import its core packages" >&2; exit 1; }

@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 
 
+HELPER_MODULES = {"report", "samples"}
+
+
 def available() -> list[str]:
     here = Path(__file__).parent
     return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_")
-                  and m.name != "report")
+                  and m.name not in HELPER_MODULES)
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,150 @@
+"""`python -m launch.bench transport`: our ZeroMQ path vs Ray's object store vs memcpy, side by side.
+
+- Trajectory frames of 64 KB and 1 MB: a producer process encodes and sends records; this process receives,
+  decodes and validates them (the whole path a trajectory takes). Ray: `ray.get(ray.put(record))` of the same
+  record. memcpy: a copy of a buffer of the same size.
+- A 256 MB weights payload: the weights channel to a subscriber process, until its ack; Ray put + get of the same
+  array; memcpy of the same bytes.
+Throughput ratios are measured in this one run. The last line is the JSON of the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+
+import numpy as np
+
+from core.codec import encode
+from launch.bench.report import emit, table
+from launch.bench.samples import trajectory_of_bytes
+
+KB, MB = 1 << 10, 1 << 20
+
+
+def _produce(endpoint: str, size: int, count: int) -> None:
+    from core.transport import TrajectorySender
+
+    tx = TrajectorySender(endpoint, name="bench-producer", hwm=64)
+    traj = trajectory_of_bytes(size)
+    for _ in range(count):
+        tx.send(traj)
+    tx.close()
+
+
+def zmq_trajectories(size: int, count: int, warmup: int) -> float:
+    """Seconds for `count` records after `warmup`, producer in another process."""
+    from core.codec import WireLimits
+    from core.transport import TrajectoryReceiver
+
+    rx = TrajectoryReceiver(hwm=64, limits=WireLimits(max_tokens=1 << 22))
+    proc = mp.get_context("spawn").Process(target=_produce, args=(rx.endpoint, size, warmup + count))
+    proc.start()
+    for _ in range(warmup):
+        assert rx.recv(60_000) is not None
+    start = time.perf_counter()
+    for _ in range(count):
+        assert rx.recv(60_000) is not None
+    elapsed = time.perf_counter() - start
+    proc.join()
+    rx.close()
+    assert rx.stats.dropped == 0
+    return elapsed
+
+
+def ray_put_get(obj, count: int, warmup: int) -> float:
+    import ray
+
+    for _ in range(warmup):
+        ray.get(ray.put(obj))
+    start = time.perf_counter()
+    for _ in range(count):
+        ray.get(ray.put(obj))
+    return time.perf_counter() - start
+
+
+def memcpy(nbytes: int, count: int) -> float:
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    start = time.perf_counter()
+    for _ in range(count):
+        np.copyto(dst, src)
+    return time.perf_counter() - start
+
+
+def _subscribe(endpoint: str, versions: int) -> None:
+    from core.weights_channel import WeightSubscriber
+
+    sub = WeightSubscriber(endpoint, name="bench-generator")
+    for _ in range(versions):
+        ws = sub.poll(120_000)
+        sub.ack(ws.version)
+    sub.close()
+
+
+def zmq_weights(nbytes: int, count: int) -> float:
+    from core.weights_channel import TensorBytes, WeightPublisher
+
+    pub = WeightPublisher()
+    proc = mp.get_context("spawn").Process(target=_subscribe, args=(pub.endpoint, count + 1))
+    proc.start()
+    pub.wait_for_peers(1, timeout_s=60)
+    arr = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    tensors = [TensorBytes("w", "uint8", (nbytes,), arr.data)]
+    pub.publish(0, tensors)
+    pub.wait_acks(0, timeout_s=120)
+    start = time.perf_counter()
+    for v in range(1, count + 1):
+        pub.publish(v, tensors)
+        pub.wait_acks(v, timeout_s=120)
+    elapsed = time.perf_counter() - start
+    proc.join()
+    pub.close()
+    return elapsed
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="launch.bench transport", description=__doc__.splitlines()[0])
+    parser.add_argument("--count-64k", type=int, default=4000)
+    parser.add_argument("--count-1m", type=int, default=600)
+    parser.add_argument("--weights-mb", type=int, default=256)
+    parser.add_argument("--weights-count", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    from launch.ray_cluster import connect, shutdown
+
+    connect(num_cpus=2)
+    rows, figures = [], {}
+    cases = [("64kb", 64 * KB, args.count_64k), ("1mb", MB, args.count_1m)]
+    for label, size, count in cases:
+        traj = trajectory_of_bytes(size)
+        wire = sum(len(f) for f in encode(traj))
+        times = {"zmq": zmq_trajectories(size, count, warmup=count // 10),
+                 "ray": ray_put_get(traj, count, warmup=count // 10),
+                 "memcpy": memcpy(wire, count)}
+        for path, seconds in times.items():
+            rows.append([f"trajectory {label}", path, count / seconds, wire * count / seconds / 1e9,
+                         times["ray"] / times["zmq"] if path == "zmq" else "",
+                         times["memcpy"] / times["zmq"] if path == "zmq" else ""])
+        figures[f"zmq_over_ray_{label}"] = times["ray"] / times["zmq"]
+        figures[f"zmq_over_memcpy_{label}"] = times["memcpy"] / times["zmq"]
+        figures[f"zmq_gbps_{label}"] = wire * count / times["zmq"] / 1e9
+
+    nbytes, count = args.weights_mb * MB, args.weights_count
+    arr = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
+    times = {"zmq": zmq_weights(nbytes, count), "ray": ray_put_get(arr, count, warmup=1),
+             "memcpy": memcpy(nbytes, count)}
+    for path, seconds in times.items():
+        rows.append([f"weights {args.weights_mb} MB", path, count / seconds, nbytes * count / seconds / 1e9,
+                     times["ray"] / times["zmq"] if path == "zmq" else "",
+                     times["memcpy"] / times["zmq"] if path == "zmq" else ""])
+    figures["zmq_over_ray_weights"] = times["ray"] / times["zmq"]
+    figures["zmq_over_memcpy_weights"] = times["memcpy"] / times["zmq"]
+    shutdown()
+
+    print(table(["payload", "path", "msgs/s", "GB/s", "zmq/ray", "zmq/memcpy"], rows))
+    print("zmq: producer process -> encode -> loopback TCP -> decode + validate; weights until the receiver's ack.")
+    print("ray: ray.get(ray.put(x)) in one process; memcpy: np.copyto of the same number of bytes.")
+    emit(figures)
+    return 0

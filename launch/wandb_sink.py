@@ -1,0 +1,43 @@
+"""wandb logging (offline by default), beside the metrics.jsonl file every run writes.
+
+The wandb run id is kept in the coordinator's checkpoint, so a resumed run continues the same wandb run.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+class WandbSink:
+    def __init__(self, mode: str, project: str, run_name: str, out_dir: str | Path, config: dict[str, Any],
+                 run_id: str | None = None):
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        self._wandb = wandb
+        self.run = wandb.init(mode=mode, project=project, name=run_name or Path(out_dir).name,
+                              dir=str(out_dir), config=config, id=run_id, resume="allow" if run_id else None,
+                              settings=wandb.Settings(console="off", x_disable_stats=True))
+        self.run_id = self.run.id
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class FanOutSink:
+    """Log to several sinks at once."""
+
+    def __init__(self, *sinks):
+        self.sinks = [s for s in sinks if s is not None]
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
