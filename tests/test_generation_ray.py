@@ -146,7 +146,10 @@ def test_babyai_env_pools_and_generator_actor_end_to_end(ray_local, tiny_model_d
         old_state = {k: v.clone() for k, v in reference.state_dict().items() if k != "lm_head.weight"}
         g = torch.Generator().manual_seed(7)
         new_state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in old_state.items()}
-        time.sleep(2.0)
+        deadline = time.monotonic() + 300
+        while ray.get(handles[0].get_stats.remote())["requests"] < 4:  # some turns done on version 0 first
+            assert time.monotonic() < deadline, "the episodes never reached the generator"
+            time.sleep(0.2)
         publisher.publish(1, _weights(new_state))
         assert publisher.wait_acks(1, timeout_s=120) == {"generator-0": (True, "")}
         summaries = ray.get(runs, timeout=600)
