@@ -110,6 +110,9 @@ class Generator:
         binds = [b for b in self.cfg.cpu_threads_bind.split("|") if b]
         if self.cfg.device == "cpu" and binds:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binds[replica_index % len(binds)]
+        if self.cfg.device == "cpu" and self.cfg.cpu_omp_wait_policy:
+            # Read when OpenMP loads, i.e. in the engine process this is about to spawn.
+            os.environ["OMP_WAIT_POLICY"] = self.cfg.cpu_omp_wait_policy
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -305,22 +308,23 @@ class Generator:
                 # and must still see that an update (not a shutdown) cut it.
                 self._abort_epoch += 1
             await self.engine.pause_generation(mode="abort" if mode == "abort" else "wait", clear_cache=True)
-            if mode == "abort":
-                self._abort_epoch += 1
             try:
-                await self.engine.collective_rpc("agentgym_load_weights", args=(path, index))
-            except Exception as exc:
-                self._broken = (f"{self.name}: loading version {weights.version} failed half-way, weights are "
-                                f"in an unknown state: {exc}")
-                self.stats.update_failures += 1
+                if mode == "abort":
+                    self._abort_epoch += 1
+                try:
+                    await self.engine.collective_rpc("agentgym_load_weights", args=(path, index))
+                except Exception as exc:
+                    self._broken = (f"{self.name}: loading version {weights.version} failed half-way, weights "
+                                    f"are in an unknown state: {exc}")
+                    self.stats.update_failures += 1
+                    raise WeightUpdateError(self._broken) from exc
+                await self.engine.reset_prefix_cache()
+                await self.engine.update_weight_version(str(weights.version))
+                self._version_set = True
+                self.version = weights.version
+                self._broken = ""
+            finally:
                 await self.engine.resume_generation()
-                raise WeightUpdateError(self._broken) from exc
-            await self.engine.reset_prefix_cache()
-            await self.engine.update_weight_version(str(weights.version))
-            self._version_set = True
-            self.version = weights.version
-            self._broken = ""
-            await self.engine.resume_generation()
         elapsed = time.monotonic() - started
         self.stats.updates += 1
         self.stats.last_update_s = elapsed

@@ -30,13 +30,13 @@ def actor_options(cfg: GeneratorConfig, index: int) -> dict:
     if cfg.device == "cuda":
         gpus = max(gpus, float(cfg.tensor_parallel_size))
     threads = max(1, math.floor(cfg.num_cpus)) if cfg.num_cpus else 1
+    env = {"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     return {
         "num_cpus": cfg.num_cpus,
         "num_gpus": gpus,
         "max_concurrency": 4096,
         "scheduling_strategy": "SPREAD",
-        "runtime_env": {"env_vars": {"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(threads),
-                                     "TOKENIZERS_PARALLELISM": "false"}},
+        "runtime_env": {"env_vars": env},
     }
 
 

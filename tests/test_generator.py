@@ -286,3 +286,27 @@ def test_multi_turn_sampled_episode_decodes_to_template_rendering(gen, tiny_toke
     rendered = tiny_tokenizer.apply_chat_template(messages, tokenize=False)
     assert tiny_tokenizer.decode(ids) == rendered
     assert math.isfinite(traj.logprobs.sum())
+
+
+def test_a_load_failing_inside_the_engine_stops_generation_until_a_good_version(gen, ref, loop):
+    """A failure half-way through a load leaves unknown weights: refuse to generate rather than mislabel tokens.
+
+    The fault is injected by handing the engine a staging file that does not exist: nothing in a valid weight
+    set makes vLLM's reload fail on cue."""
+    version = gen.version
+    state = perturbed(ref.state, seed=6)
+    real_write = gen._staging.write
+    gen._staging.write = lambda tensors: ("/nonexistent/agentgym-weights", [])
+    try:
+        with pytest.raises(WeightUpdateError, match="unknown state"):
+            run(loop, gen.apply_weights(weight_set(version + 1, state)))
+    finally:
+        gen._staging.write = real_write
+    assert gen.version == version
+    with pytest.raises(WeightUpdateError, match="unknown state"):
+        run(loop, gen.generate(GenerationRequest(PROMPT, 4, "s-broken")))
+    run(loop, gen.apply_weights(weight_set(version + 1, state)))
+    ref.load(state)
+    out = run(loop, gen.generate(GenerationRequest(PROMPT, 4, "s-healed")))
+    assert out.versions == [version + 1] * len(out.token_ids)
+    assert max_diff(out.logprobs, ref.logprobs(PROMPT + out.token_ids, len(PROMPT))) < TOL
