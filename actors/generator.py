@@ -145,7 +145,11 @@ class Generator:
     # -- generation -----------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Sample one reply continuing `request.prompt_ids`; see the module docstring for what it returns."""
+        """Sample one reply continuing `request.prompt_ids`; see the module docstring for what it returns.
+
+        The request's session takes an admission slot until `end_session` (the rollout loop calls it when the
+        episode ends) or until it has been idle for `session_idle_s`: callers outside the rollout loop end their
+        sessions too, or new ones wait."""
         if self._broken:
             raise WeightUpdateError(self._broken)
         if len(request.prompt_ids) + request.max_tokens > self.max_model_len:

@@ -85,9 +85,13 @@ async def _check(gen, ref: Reference, prompts: list[list[int]], max_tokens: int,
 
     await gen.ready()
     figures: dict = {"dtype": gen._dtype, "tolerance": tol}
+    async def episode(i: int, prompt: list[int]):
+        out = await gen.generate(GenerationRequest(prompt, max_tokens, f"gpu-{i}"))
+        await gen.end_session(f"gpu-{i}")  # frees its admission slot for the next prompt
+        return out
+
     t0 = time.monotonic()
-    outs = await asyncio.gather(*(gen.generate(GenerationRequest(p, max_tokens, f"gpu-{i}"))
-                                  for i, p in enumerate(prompts)))
+    outs = await asyncio.gather(*(episode(i, p) for i, p in enumerate(prompts)))
     elapsed = time.monotonic() - t0
     tokens = sum(len(o.token_ids) for o in outs)
     figures.update({"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed})
