@@ -34,11 +34,11 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from actors.session_slots import SessionSlots
-from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, checkpoint_tensors
+from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, checkpoint_tensors, staged_nbytes
 from configs.generation import GeneratorConfig
 from core.policy import GenerationRequest, GenerationResult
 from core.weights_channel import TensorBytes, WeightSet, WeightSubscriber
@@ -60,8 +60,8 @@ class GeneratorStats:
     updates: int = 0
     update_failures: int = 0
     last_update_s: float = 0.0
+    last_update_stages: tuple[float, float, float] = (0.0, 0.0, 0.0)  # staging copy, pause, engine load (s)
     admission_wait_s: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Generator:
@@ -78,6 +78,12 @@ class Generator:
         self._expected = checkpoint_tensors(self.model_path)
         self._tied = self._tied_embeddings()
         self._staging = WeightStaging(cfg.weights_staging_dir, name)
+        if self._tied and "model.embed_tokens.weight" in self._expected:
+            self._expected_sent = {**self._expected, "lm_head.weight": self._expected["model.embed_tokens.weight"]}
+        else:
+            self._expected_sent = dict(self._expected)
+        # Learners send float32 (4-byte) tensors; a first version of another width just re-creates the file.
+        self._staging.reserve(staged_nbytes(self._expected_sent, 4))
         self._update_lock = asyncio.Lock()
         self._abort_epoch = 0  # bumped when an abort-update cuts requests in flight
         self._broken = ""  # set when a load failed half-way: the weights are in an unknown state
@@ -105,7 +111,9 @@ class Generator:
         return bool(config.get("tie_word_embeddings", False))
 
     def _start_engine(self, replica_index: int):
-        if self.cfg.tensor_parallel_size == 1:
+        cuda = self.cfg.device == "cuda"
+        single = not cuda or self.cfg.tensor_parallel_size == 1
+        if single:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see the module docstring
         binds = [b for b in self.cfg.cpu_threads_bind.split("|") if b]
         if self.cfg.device == "cpu" and binds:
@@ -116,7 +124,6 @@ class Generator:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        cuda = self.cfg.device == "cuda"
         args = AsyncEngineArgs(
             model=self.model_path, tokenizer=self.model_path, dtype=self._dtype, seed=self.cfg.seed,
             max_model_len=self.max_model_len, max_num_seqs=self.cfg.max_num_seqs,
@@ -124,7 +131,7 @@ class Generator:
             kv_cache_memory_bytes=None if cuda else int(self.cfg.kv_cache_gb * (1 << 30)),
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
             tensor_parallel_size=self.cfg.tensor_parallel_size if cuda else 1,
-            distributed_executor_backend="uni" if self.cfg.tensor_parallel_size == 1 or not cuda else "mp",
+            distributed_executor_backend="uni" if single else "mp",
             worker_extension_cls=WORKER_EXTENSION, logprobs_mode="processed_logprobs",
             enforce_eager=self.cfg.enforce_eager, disable_log_stats=True,
         )
@@ -132,11 +139,14 @@ class Generator:
 
     async def ready(self) -> dict:
         """Stamp the initial version and run one tiny request, so the first real one does not pay warm-up."""
-        if not self._version_set:
-            await self.engine.update_weight_version(str(self.version))
-            self._version_set = True
+        await self._stamp_initial_version()
         await self._sample([0], 1, GenerationRequest([0], 1, "warmup"))
         return self.describe()
+
+    async def _stamp_initial_version(self) -> None:
+        if not self._version_set:  # the engine starts at version "default"; ours is an int
+            await self.engine.update_weight_version(str(self.version))
+            self._version_set = True
 
     def describe(self) -> dict:
         return {"name": self.name, "version": self.version, "kv_tokens": self.kv_tokens,
@@ -155,9 +165,7 @@ class Generator:
         if len(request.prompt_ids) + request.max_tokens > self.max_model_len:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens + max_tokens {request.max_tokens} "
                              f"exceed the generator's max_model_len {self.max_model_len}")
-        if not self._version_set:
-            await self.engine.update_weight_version(str(self.version))
-            self._version_set = True
+        await self._stamp_initial_version()
         self.stats.admission_wait_s += await self.slots.acquire(request.session_id)
         self._inflight += 1
         try:
@@ -260,7 +268,8 @@ class Generator:
         s = self.stats
         return {"version": self.version, "requests": s.requests, "sampled_tokens": s.sampled_tokens,
                 "resubmitted": s.resubmitted, "updates": s.updates, "update_failures": s.update_failures,
-                "last_update_s": s.last_update_s, "admission_wait_s": s.admission_wait_s,
+                "last_update_s": s.last_update_s, "last_update_stages": list(s.last_update_stages),
+                "admission_wait_s": s.admission_wait_s,
                 "sessions": self.slots.active, "waiting": self.slots.waiting, "expired_sessions": self.slots.expired,
                 "capacity": self.slots.capacity}
 
@@ -269,12 +278,10 @@ class Generator:
     def _complete_set(self, weights: WeightSet) -> list[TensorBytes]:
         """Check names and shapes against the checkpoint; add lm_head.weight for tied embeddings."""
         tensors = dict(weights.tensors)
-        expected = dict(self._expected)
+        expected = self._expected_sent
         if self._tied:
-            embed = expected.get("model.embed_tokens.weight")
-            if embed is None:
+            if "lm_head.weight" not in expected:
                 raise WeightUpdateError("tied embeddings but the checkpoint has no model.embed_tokens.weight")
-            expected["lm_head.weight"] = embed
             if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
                 e = tensors["model.embed_tokens.weight"]
                 tensors["lm_head.weight"] = TensorBytes("lm_head.weight", e.dtype, e.shape, e.data)
@@ -306,17 +313,21 @@ class Generator:
             self.stats.update_failures += 1
             raise
         async with self._update_lock:
+            t0 = time.monotonic()
             path, index = await asyncio.to_thread(self._staging.write, tensors)
+            t1 = time.monotonic()
             if mode == "abort":
                 # Bumped before and after the pause: a request submitted while the pause is on its way is cut too,
                 # and must still see that an update (not a shutdown) cut it.
                 self._abort_epoch += 1
             await self.engine.pause_generation(mode="abort" if mode == "abort" else "wait", clear_cache=True)
+            t2 = time.monotonic()
             try:
                 if mode == "abort":
                     self._abort_epoch += 1
                 try:
                     await self.engine.collective_rpc("agentgym_load_weights", args=(path, index))
+                    self.stats.last_update_stages = (t1 - t0, t2 - t1, time.monotonic() - t2)
                 except Exception as exc:
                     self._broken = (f"{self.name}: loading version {weights.version} failed half-way, weights "
                                     f"are in an unknown state: {exc}")

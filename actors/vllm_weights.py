@@ -39,6 +39,23 @@ _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "
                        "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
 
+def _bytes(data) -> memoryview:
+    """A flat byte view of a C-contiguous buffer (an empty one of any shape gives an empty view)."""
+    view = memoryview(data)
+    return view.cast("B") if view.nbytes else memoryview(b"")
+
+
+def staged_nbytes(tensors: dict[str, tuple[str, tuple[int, ...]]], itemsize: int = 4) -> int:
+    """Staging bytes for a weight set of these tensors sent with `itemsize`-byte elements (aligned)."""
+    total = 0
+    for _, shape in tensors.values():
+        n = itemsize
+        for d in shape:
+            n *= d
+        total += (n + ALIGN - 1) // ALIGN * ALIGN
+    return total
+
+
 def checkpoint_tensors(model_dir: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{name: (dtype, shape)} of every tensor in the folder's safetensors files, read from their headers."""
     found: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -73,20 +90,30 @@ class WeightStaging:
         self._file = None
         self._map: mmap.mmap | None = None
 
+    def reserve(self, nbytes: int) -> None:
+        """Create the file now and touch every page, so the first version is copied at memcpy speed."""
+        self._ensure(nbytes)
+        assert self._map is not None
+        page = mmap.PAGESIZE
+        zero = bytes(page)
+        for off in range(0, len(self._map) - page + 1, page):
+            self._map[off:off + page] = zero
+
     def write(self, tensors: list[TensorBytes]) -> tuple[str, list[tuple[str, str, list[int], int, int]]]:
         """Copy `tensors` into the staging file; returns (path, index) for `agentgym_load_weights`."""
         index, offset = [], 0
         for t in tensors:
-            n = len(memoryview(t.data).cast("B"))
+            n = _bytes(t.data).nbytes
             index.append((t.name, t.dtype, list(t.shape), offset, n))
             offset += (n + ALIGN - 1) // ALIGN * ALIGN
         self._ensure(max(offset, ALIGN))
         assert self._map is not None
         for t, (_, _, _, off, n) in zip(tensors, index):
-            self._map[off:off + n] = memoryview(t.data).cast("B")
+            self._map[off:off + n] = _bytes(t.data)
         return str(self.path), index
 
     def _ensure(self, size: int) -> None:
+        size = (size + ALIGN - 1) // ALIGN * ALIGN
         if self._map is not None and len(self._map) >= size:
             return
         self.close()

@@ -150,7 +150,7 @@ def weight_sync(publisher, handle, model_dir: Path, reps: int) -> dict[str, floa
                for k, v in state.items()]
     nbytes = sum(t.data.nbytes for t in tensors)
     base = ray.get(handle.get_stats.remote())["version"]
-    sync, apply = [], []
+    sync, apply, stages = [], [], []
     for r in range(reps):
         version = base + 1 + r
         t0 = time.perf_counter()
@@ -159,7 +159,9 @@ def weight_sync(publisher, handle, model_dir: Path, reps: int) -> dict[str, floa
         sync.append(time.perf_counter() - t0)
         if not all(ok for ok, _ in acks.values()):
             raise RuntimeError(f"weights version {version} refused: {acks}")
-        apply.append(ray.get(handle.get_stats.remote())["last_update_s"])
+        stats = ray.get(handle.get_stats.remote())
+        apply.append(stats["last_update_s"])
+        stages.append(stats["last_update_stages"])
     src = np.frombuffer(b"".join(bytes(t.data) for t in tensors), np.uint8)
     dst = np.empty_like(src)
     copies = []
@@ -170,6 +172,8 @@ def weight_sync(publisher, handle, model_dir: Path, reps: int) -> dict[str, floa
     memcpy = min(copies[1:])
     return {"weight_bytes": float(nbytes), "weight_sync_s": statistics.median(sync),
             "weight_apply_s": statistics.median(apply), "memcpy_s": memcpy,
+            "weight_staging_s": statistics.median(x[0] for x in stages),
+            "weight_engine_load_s": statistics.median(x[2] for x in stages),
             "weight_sync_over_memcpy": statistics.median(sync) / memcpy,
             "weight_apply_over_memcpy": statistics.median(apply) / memcpy}
 
@@ -347,6 +351,10 @@ def main(argv: list[str]) -> int:
              figures["weight_sync_over_memcpy"]),
             ("apply in the generator", figures["weight_bytes"] / 1e6, figures["weight_apply_s"],
              figures["weight_apply_over_memcpy"]),
+            ("  of which: copy to the staging file", figures["weight_bytes"] / 1e6, figures["weight_staging_s"],
+             figures["weight_staging_s"] / figures["memcpy_s"]),
+            ("  of which: vLLM reload in the engine", figures["weight_bytes"] / 1e6,
+             figures["weight_engine_load_s"], figures["weight_engine_load_s"] / figures["memcpy_s"]),
             ("memcpy", figures["weight_bytes"] / 1e6, figures["memcpy_s"], 1.0)]))
     emit(figures)
     return 0
