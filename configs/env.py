@@ -52,6 +52,16 @@ class SearchConfig:
     """Passages returned per search."""
     end_on_wrong_answer: bool = spec(True)
     """End the episode on a wrong answer (the reference lets the agent keep guessing: set false for that)."""
+    parse_mode: str = spec("strict", choices=PARSE_MODES)
+    """`strict`: the first closed `<search>`/`<answer>` tag pair (the reference's rule). `lenient`: also any
+    letter case, and a last tag left unclosed at the end of the reply."""
+    cache_dir: str = spec("")
+    """Where the offline corpus, the generated QA set and BM25 indexes are written; empty means
+    ~/.cache/agentgym-rl/searchqa."""
+    timeout_s: float = spec(30.0, gt=0)
+    """HTTP timeout of one request to a remote retrieval server."""
+    max_envs_per_actor: int = spec(256, ge=1)
+    """Upper bound on Search envs in one env-pool actor (they share the process's one retriever)."""
 
 
 @dataclass
