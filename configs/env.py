@@ -78,6 +78,13 @@ class WebArenaConfig:
     """Model name sent to the judge endpoint."""
     storage_state_dir: str = spec("")
     """Folder of saved Playwright login states (<site>_state.json)."""
+    parse_mode: str = spec("strict", choices=PARSE_MODES)
+    """`strict`: the first ```...``` block of the reply (the reference's rule). `lenient`: the last block, or
+    without one the last line starting with an action keyword."""
+    action_timeout_ms: float = spec(30000.0, gt=0)
+    """Timeout of one browser action or page load, and of each page an evaluator opens."""
+    settle_ms: float = spec(50.0, ge=0)
+    """Pause after each action before checking whether it started a page load (which is then waited for)."""
 
 
 @dataclass
