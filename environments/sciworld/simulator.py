@@ -80,6 +80,18 @@ class Simulator:
         """The simulator's own solution for the loaded task (load it with gold_path=True first)."""
         return [str(a) for a in self._server.getGoldActionSequence()]
 
+    def task_names(self) -> list[str]:
+        return [str(n) for n in self._server.getTaskNames()]
+
+    def max_variations(self, task_name: str) -> int:
+        return int(self._server.getTaskMaxVariations(task_name))
+
+    def split_variations(self) -> tuple[list[int], list[int], list[int]]:
+        """The loaded task's train, dev and test variations, as the simulator assigns them."""
+        s = self._server
+        return ([int(v) for v in s.getVariationsTrain()], [int(v) for v in s.getVariationsDev()],
+                [int(v) for v in s.getVariationsTest()])
+
     def step(self, command: str) -> SimStep:
         observation = str(self._server.step(command))
         score = int(round(100 * float(self._server.getScore())))

@@ -46,6 +46,12 @@ class BrowserSession:
         self.navigating = False  # a main-frame navigation was requested and its document has not loaded yet
         context.on("request", self._on_request)
         context.on("requestfailed", self._on_request_done)
+        context.on("requestfinished", self._on_request_finished)
+        context.on("page", self._watch_page)
+
+    def _watch_page(self, page) -> None:
+        page.on("domcontentloaded", self._on_load)
+        page.on("download", self._on_load)
 
     def _on_request(self, request) -> None:
         if request.is_navigation_request() and request.frame.parent_frame is None:
@@ -55,6 +61,13 @@ class BrowserSession:
         if request.is_navigation_request() and request.frame.parent_frame is None:
             self.navigating = False
 
+    async def _on_request_finished(self, request) -> None:
+        # A navigation answered without a document (204/205) never loads one: it is over when it finishes.
+        if request.is_navigation_request() and request.frame.parent_frame is None:
+            response = await request.response()
+            if response is not None and response.status in (204, 205):
+                self.navigating = False
+
     def _on_load(self, _page) -> None:
         self.navigating = False
 
@@ -62,32 +75,43 @@ class BrowserSession:
         if page is self.page and self.cdp is not None:
             return
         self.page = page
-        page.on("domcontentloaded", self._on_load)
         self.cdp = await self.context.new_cdp_session(page)
 
-    async def settle(self, settle_ms: float, timeout_ms: float) -> None:
-        """Wait for a navigation the last action may have started (it is announced a moment after the action)."""
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(settle_ms / 1000)
-        deadline = loop.time() + timeout_ms / 1000
-        while self.navigating and loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        self.navigating = False
-        try:
-            await self.page.wait_for_load_state("load", timeout=timeout_ms)
-        except _playwright_error():  # a slow page is observed as it is, as in the reference
-            pass
+    async def observe_settled(self, settle_ms: float, timeout_ms: float) -> tuple[str, str]:
+        """Observe once the page is quiet: no main-frame navigation pending and the document not busy.
 
-    async def observe(self) -> tuple[str, str]:
-        """(tabs line, tree text); also refreshes `nodes`."""
+        A navigation an action starts is announced a moment later, possibly after the first look: the page is
+        observed, then checked again (events announced before the observation's own answer have arrived by
+        then), and observed again after the load if it turned out to be moving.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        await asyncio.sleep(settle_ms / 1000)
+        while True:
+            while self.navigating and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+            try:
+                await self.page.wait_for_load_state("load", timeout=max(1.0, (deadline - loop.time()) * 1000))
+            except _playwright_error():  # a slow page is observed as it is, as in the reference
+                pass
+            tabs, tree, busy = await self.observe()
+            if (not self.navigating and not busy) or loop.time() >= deadline:
+                self.navigating = False
+                return tabs, tree
+            await asyncio.sleep(0.02)
+
+    async def observe(self) -> tuple[str, str, bool]:
+        """(tabs line, tree text, whether the document is still loading); also refreshes `nodes`."""
         ax = (await self.cdp.send("Accessibility.getFullAXTree", {}))["nodes"]
         snapshot = await self.cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
         tree, self.nodes = build_tree(ax, snapshot, VIEWPORT)
+        busy = any(p.get("name") == "busy" and p.get("value", {}).get("value") for p in ax[0].get("properties") or []) \
+            if ax else True
         titles = []
         for i, tab in enumerate(self.context.pages):
             title = await tab.title()
             titles.append(f"Tab {i} (current): {title}" if tab is self.page else f"Tab {i}: {title}")
-        return " | ".join(titles), tree
+        return " | ".join(titles), tree, busy
 
     async def close(self) -> None:
         try:
@@ -141,15 +165,19 @@ class WebArenaEnv(Env):
             await page.goto(url, wait_until="load", timeout=self.cfg.action_timeout_ms)
         await first.bring_to_front()
         await self.session.switch_to(first)
+        self.session.navigating = False  # the start pages have loaded (goto waited for them)
         self.task = task
         self._done = False
         self._previous = "None"
         info = {"task_id": task["task_id"], "sites": task.get("sites", []), "eval_types": task["eval"]["eval_types"],
                 "browser_restarts": self.host.restarts, "browser_launches": self.host.launches}
-        return Observation(text=await self._observation(), instruction=INSTRUCTION, info=info)
+        return Observation(text=await self._observation(settle=True), instruction=INSTRUCTION, info=info)
 
-    async def _observation(self) -> str:
-        tabs, tree = await self.session.observe()
+    async def _observation(self, settle: bool = False) -> str:
+        if settle:
+            tabs, tree = await self.session.observe_settled(self.cfg.settle_ms, self.cfg.action_timeout_ms)
+        else:
+            tabs, tree, _ = await self.session.observe()
         return format_observation(tabs, tree, self.session.page.url, self.task["intent"], self._previous)
 
     def _alive(self) -> bool:
@@ -179,9 +207,8 @@ class WebArenaEnv(Env):
             return await self._rejected(f"{action} failed: {str(e).splitlines()[0]}", rule)
         if self.session.page.is_closed():
             raise RuntimeError("the current tab closed itself")
-        await self.session.settle(self.cfg.settle_ms, self.cfg.action_timeout_ms)
         self._previous = str(action)
-        return StepResult(observation=await self._observation(), reward=0.0, done=False, valid_action=True,
+        return StepResult(observation=await self._observation(settle=True), reward=0.0, done=False, valid_action=True,
                           parse_rule=rule, info={"url": self.session.page.url})
 
     async def _rejected(self, reason: str, rule: str) -> StepResult:
