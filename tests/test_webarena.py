@@ -140,6 +140,11 @@ def test_observation_format(run, env, site):
     assert f"\nURL: {site.url}/\nOBJECTIVE: What is the SKU of the Fusion Backpack?\nPREVIOUS ACTION: None" in text
     assert "\t[" in text and "searchbox 'Search'" in text and "link 'Fusion Backpack' url: " in text
     assert "focusable" not in text and "StaticText '$59.00'" in text
+    other = WebArenaEnv(site.cfg)  # reset is deterministic: the same page reads the same in another context
+    try:
+        assert run(other.reset("webarena_812")).text == text
+    finally:
+        run(other.close())
 
     # Only what is in the 1280x720 viewport is shown; scrolling brings the rest in.
     long_page = "".join(f"<p>Paragraph number {k}</p>" for k in range(60))

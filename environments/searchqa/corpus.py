@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +71,7 @@ def write_default_corpus(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / DEFAULT_CORPUS_FILE
     if not target.exists():
-        tmp = target.with_suffix(".tmp")
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}-{threading.get_native_id()}")
         with tmp.open("w", encoding="utf-8") as f:
             for p in wiki_passages():
                 f.write(json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n")

@@ -80,13 +80,15 @@ def write_generated_qa(folder: Path, corpus_retriever: Retriever, corpus_dir: Pa
     items = qa_gen.generate(passages, findable)
     folder.mkdir(parents=True, exist_ok=True)
     for name, chunk in (("test", items[:qa_gen.TEST_SIZE]), ("train", items[qa_gen.TEST_SIZE:])):
-        tmp = folder / f"{name}.jsonl.tmp"
+        tmp = folder / f"{name}.jsonl.tmp-{os.getpid()}-{threading.get_native_id()}"
         with tmp.open("w", encoding="utf-8") as f:
             for item in chunk:
                 row = {"question": item.question, "golden_answers": list(item.answers),
                        "metadata": {"hops": item.hops, "gold_titles": list(item.gold_titles), **item.metadata}}
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         tmp.rename(folder / f"{name}.jsonl")
+    # Several processes may generate at once: each writes its own temporary files, and since generation is
+    # deterministic, whichever rename lands last leaves the same bytes.
     (folder / "complete").write_text(str(len(items)))
     return folder
 

@@ -1,7 +1,10 @@
 """The accessibility-tree observation, in the reference's format.
 
-Each kept node is one line, indented by tab per depth: `[<id>] <role> '<name>' <prop>: <value> ...`, where id is
-Chromium's accessibility node id (stable while the page stays loaded; actions name it). As in the reference:
+Each kept node is one line, indented by tab per depth: `[<id>] <role> '<name>' <prop>: <value> ...`; actions name
+elements by id. The reference prints Chromium's own accessibility node ids, which differ between two loads of the
+same page in two browser contexts; here an id is the node's position in a depth-first walk of the page's whole
+accessibility tree, so the same page gives the same observation in any context, and an element keeps its id while
+the page's content stays the same (scrolling does not renumber). As in the reference:
 - only nodes at least 60% inside the current 1280x720 viewport are kept (children of a dropped node move up);
 - nameless generic/img/list/strong/paragraph/banner/navigation/Section/LabelText/Legend/listitem nodes are folded
   away, ignored nodes and nodes without a name are skipped, the properties focusable, editable, readonly, level,
@@ -78,6 +81,16 @@ def build_tree(ax_nodes: list[dict], snapshot: dict, viewport: dict) -> tuple[st
         x, y = x - scroll_x, y - scroll_y
         return (x, y, w, h) if _in_viewport_ratio(x, y, w, h, vw, vh) >= IN_VIEWPORT_RATIO else None
 
+    # Ids: preorder positions over the whole tree (visible or not), so scrolling does not renumber.
+    order: dict[str, int] = {}
+    walk = [root_id]
+    while walk:
+        node_id = walk.pop()
+        if node_id in order or node_id not in nodes:
+            continue
+        order[node_id] = len(order) + 1
+        walk.extend(reversed(nodes[node_id].get("childIds", [])))
+
     lines: list[str] = []
     kept: dict[str, TreeNode] = {}
     # Iterative depth-first walk (pages can be deep enough to exhaust Python's recursion limit).
@@ -90,10 +103,10 @@ def build_tree(ax_nodes: list[dict], snapshot: dict, viewport: dict) -> tuple[st
         line = None
         box = visible(node)
         if box is not None and not node.get("ignored", False):
-            line = _node_line(node_id, node)
+            line = _node_line(str(order[node_id]), node)
         if line is not None:
             lines.append("\t" * depth + line)
-            kept[node_id] = TreeNode(int(node["backendDOMNodeId"]), box, line)
+            kept[str(order[node_id])] = TreeNode(int(node["backendDOMNodeId"]), box, line)
         child_depth = depth + 1 if line is not None else depth
         for child in reversed(node.get("childIds", [])):
             stack.append((child, child_depth))
