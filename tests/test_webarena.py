@@ -308,3 +308,17 @@ def test_family_through_the_registry(run, site):
             await env.close()
 
     run(episode())
+
+
+def test_evaluation_helpers_against_the_shop(run, env, site):
+    site.shop.reset()
+    assert evaluators.shopping_get_latest_order_url() == f"{site.url}/sales/order/view/order_id/3/"
+    assert evaluators.shopping_get_sku_latest_review_author("24-MB02") == "Dario"
+    assert evaluators.shopping_get_sku_latest_review_rating("24-MB02") == "80"
+    assert evaluators.shopping_get_sku_latest_review_author("24-MB06") == ""  # no reviews
+    run(env.reset("webarena_812"))
+    members = ("<table><tr><td data-label='Account'><span class='gl-avatar-labeled-sublabel'>@{0}</span></td>"
+               "<td class='col-max-role'><span>{1}</span></td></tr></table>")
+    run(env.session.page.set_content(members.format("yjlou", "Developer") + members.format("koush", "Owner")))
+    assert run(evaluators.gitlab_get_project_memeber_role(env.session.page, "koush")) == "Owner"
+    assert run(evaluators.gitlab_get_project_memeber_role(env.session.page, "nobody")) == ""

@@ -31,7 +31,8 @@ SEED = 20250
 BLANK = "____"
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
-_NAME = re.compile(r"\b[A-Z][\w'\-]*[a-z][\w'\-]*(?:\s+(?:of|de|von|van|the|and|la|du|del)?\s*[A-Z][\w'\-]*[a-z][\w'\-]*)+")
+_WORD_CAP = r"[A-Z][\w'\-]*[a-z][\w'\-]*"  # a capitalised word with at least one lower-case letter
+_NAME = re.compile(rf"\b{_WORD_CAP}(?:\s+(?:of|de|von|van|the|and|la|du|del)?\s*{_WORD_CAP})+")
 _YEAR = re.compile(r"\b(1[0-9]{3}|20[0-2][0-9])\b")
 _MAX_SENTENCE_CHARS = 320
 _WORD_START = re.compile(r"(?:^|(?<=\s))[\"'(]?(\S+)")

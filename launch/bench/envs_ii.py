@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import os
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass, fields
@@ -158,16 +157,27 @@ def _search(opts: Options) -> tuple[list, dict]:
             t = time.perf_counter()
             env.step(f"<search> {title} </search>")
             latencies.append((time.perf_counter() - t) * 1000)
-    before = _mb(os.getpid())
-    extra = [SearchEnv(cfg) for _ in range(opts.search_envs)]
-    for k, e in enumerate(extra):
-        e.reset(f"searchqa_{k}")
-    per_env = (_mb(os.getpid()) - before) / max(1, len(extra))
+    per_env = asyncio.run(_search_env_growth(cfg, opts.search_envs))
     rows = [("searchqa", "search turn (BM25)", _pct(latencies, 0.5), _pct(latencies, 0.9), len(latencies), per_env,
              f"shared retriever {shared:.0f} MB per process, {len(data.retriever.passages)} passages")]
     figures = {"search_query_ms_p50": _pct(latencies, 0.5), "search_mb_per_instance": per_env,
                "search_mb_per_process": shared}
     return rows, figures
+
+
+async def _search_env_growth(cfg, count: int) -> float:
+    """MB the process grows per extra env made as the pool makes them (each with its worker thread)."""
+    from environments.registry import get_family
+
+    family = get_family("searchqa")
+    before = _mb(os.getpid())
+    envs = [family.make_env(cfg) for _ in range(count)]
+    for k, env in enumerate(envs):
+        await env.reset(f"searchqa_{k}")
+    grown = (_mb(os.getpid()) - before) / max(1, count)
+    for env in envs:
+        await env.close()
+    return grown
 
 
 # ---- WebArena ----------------------------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ def layout(title: str, body: str, *, user: str | None, cart_count: int, query: s
 <header>
 <a class="logo" href="/">{STORE_NAME}</a>
 <form action="/catalogsearch/result/" method="get" role="search">
-<input id="search" type="search" name="q" aria-label="Search" placeholder="Search entire store here..." value="{_e(query)}">
+<input id="search" type="search" name="q" aria-label="Search" placeholder="Search entire store here..."
+ value="{_e(query)}">
 <button type="submit">Search</button>
 </form>
 <nav aria-label="Account">{welcome} {account} <a href="/checkout/cart/">My Cart ({cart_count})</a></nav>
@@ -100,7 +101,8 @@ def product(p: Product) -> tuple[str, str]:
 <label for="qty">Qty</label> <input id="qty" type="number" name="qty" value="1" min="1" max="99">
 <button type="submit" id="product-addtocart-button">Add to Cart</button>
 </form>
-<section class="reviews"><h2>Reviews ({len(p.reviews)})</h2><ol>{reviews or '<li>No reviews yet.</li>'}</ol></section>"""
+<section class="reviews"><h2>Reviews ({len(p.reviews)})</h2>
+<ol>{reviews or '<li>No reviews yet.</li>'}</ol></section>"""
     return p.name, body
 
 

@@ -264,9 +264,10 @@ class ShopHandler(BaseHTTPRequestHandler):
             product = BY_SKU.get(parts[3])
             if product is None:
                 return self._json(404, {"message": "The product that was requested doesn't exist."})
-            return self._json(200, [{"nickname": r.author, "detail": r.text,
-                                     "ratings": [{"rating_name": "Rating", "percent": r.rating * 20, "value": r.rating}]}
-                                    for r in product.reviews])
+            reviews = [{"nickname": r.author, "detail": r.text,
+                        "ratings": [{"rating_name": "Rating", "percent": r.rating * 20, "value": r.rating}]}
+                       for r in product.reviews]
+            return self._json(200, reviews)
         return self._json(404, {"message": "Request does not match any route."})
 
 
