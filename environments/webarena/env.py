@@ -9,6 +9,7 @@ and changes nothing; a dead browser or context raises, which the pool treats as 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from configs.env import WebArenaConfig
@@ -16,7 +17,10 @@ from core.env import Env, Observation, StepResult
 from environments.webarena import actions, evaluators
 from environments.webarena.browser import VIEWPORT, BrowserHost, host_for
 from environments.webarena.observation import TreeNode, build_tree, format_observation
-from environments.webarena.tasks import task_for
+from environments.webarena.tasks import skipped_tasks, task_for
+
+log = logging.getLogger(__name__)
+_REPORTED: set[str] = set()
 
 INSTRUCTION = """You are an autonomous agent operating a web browser to accomplish a task. Each turn shows the \
 page's accessibility tree (elements as "[id] role 'name'"), the page URL, the objective and your previous \
@@ -129,6 +133,13 @@ class WebArenaEnv(Env):
         self.session: BrowserSession | None = None
         self.task: dict | None = None
         self.judge = evaluators.Judge(cfg.judge_url, cfg.judge_model) if cfg.judge_url else None
+        if not cfg.judge_url and cfg.task_dir not in _REPORTED:  # say once per process which tasks cannot run
+            _REPORTED.add(cfg.task_dir)
+            skipped = skipped_tasks(cfg)
+            if skipped:
+                log.warning("webarena: %d task(s) need a fuzzy_match judge and env.webarena.judge_url is empty; "
+                            "they are skipped (reset refuses them): %s", len(skipped),
+                            ", ".join(sorted(skipped, key=lambda i: int(i.split("_")[1]))))
         self._done = True
         self._previous = "None"
 
