@@ -61,7 +61,8 @@ class _Unbuildable(Env):
 class EnvPool:
     def __init__(self, env_cfg: Any, policy: Policy, tokenizer_dir: str, limits: EpisodeLimits,
                  trajectory_endpoint: str | None, name: str = "", send_timeout_s: float | None = 600.0,
-                 env_factory: Callable[[str, Any], Env] | None = None):
+                 env_factory: Callable[[str, Any], Env] | None = None,
+                 close_timeout_s: float = ENV_CLOSE_TIMEOUT_S):
         """`env_cfg` is the `env` config section; `policy` a picklable core.policy.Policy; the tokenizer in
         `tokenizer_dir` renders the chat; `trajectory_endpoint` the coordinator's receiver (None: nothing is
         sent, for local use); `env_factory(family, env_cfg)` replaces the registry (tests use it)."""
@@ -75,13 +76,16 @@ class EnvPool:
                                           reset_timeout_s=env_cfg.reset_timeout_s)
         self.chat = ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir))
         self._factory = env_factory or make_env
+        self._close_timeout_s = close_timeout_s
         self._slots = asyncio.Semaphore(env_cfg.slots_per_actor)
         self._family_slots: dict[str, asyncio.Semaphore] = {}
         self._idle: dict[str, list[Env]] = collections.defaultdict(list)
         self._send_timeout_ms = None if send_timeout_s is None else int(send_timeout_s * 1000)
         self._send_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trajectory-send")
-        # The socket is created, used and closed on the send thread only.
-        self._sender = self._send_thread.submit(TrajectorySender, trajectory_endpoint, self.name).result() \
+        # The socket is created, used and closed on the send thread only. Its routing id names the incarnation:
+        # a restarted actor reusing its predecessor's id would be refused by the receiver's ROUTER socket.
+        sender_id = f"{self.name}-{self.incarnation}"
+        self._sender = self._send_thread.submit(TrajectorySender, trajectory_endpoint, sender_id).result() \
             if trajectory_endpoint else None
         self._counters: dict[str, float] = collections.defaultdict(float)
         self.in_flight = 0
@@ -136,7 +140,7 @@ class EnvPool:
         log.warning("%s: %s env ended %s in %s; replacing it", self.name, family, traj.termination.value,
                     traj.trajectory_id)
         try:
-            await asyncio.wait_for(env.close(), ENV_CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(env.close(), self._close_timeout_s)
         except Exception as exc:  # a hung or broken env: abandon it, it is out of the pool already
             c[f"env/{family}/close_failures"] += 1
             log.warning("%s: closing a broken %s env failed: %r", self.name, family, exc)
@@ -171,7 +175,7 @@ class EnvPool:
         for envs in self._idle.values():
             for env in envs:
                 try:
-                    await asyncio.wait_for(env.close(), ENV_CLOSE_TIMEOUT_S)
+                    await asyncio.wait_for(env.close(), self._close_timeout_s)
                 except Exception as exc:
                     log.warning("%s: closing an env failed: %r", self.name, exc)
             envs.clear()
