@@ -8,9 +8,9 @@ The scripted replies depend only on the latest observation (a seeded choice amon
 raw and pooled runs play the same episodes. The pooled policy is a ScriptedPolicy that decodes only the prompt
 tokens added since its previous call in the episode: decoding the whole conversation every turn (what
 ScriptedPolicy itself does) costs more than the env step by the end of an episode, and in a real run that work
-is the generator's, not the pool's. Per step, the table also splits pool time into env calls, policy calls and
-the rest (chat tokenization, bookkeeping, sending). The final JSON line holds `pool_overhead_babyai` (pool seconds per
-step, one actor, over raw seconds per step) and `two_actor_speedup` (steps/s of two actors over one); targets:
+is the generator's, not the pool's. Chat tokenization of each observation stays in the pooled figures: a real
+run pays it in the pool too. The final JSON line holds `pool_overhead_babyai` (pool seconds per step, one
+actor, over raw seconds per step) and `two_actor_speedup` (steps/s of two actors over one); targets:
 at most 2 and at least 1.6 on 2 cores. Other env families add their rows and figures through
 launch/bench/envs_ii.py (`measure(args) -> (rows, figures)`), when that module exists.
 """
