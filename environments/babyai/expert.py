@@ -245,9 +245,13 @@ class Expert:
         finishing = self._finishing(kind, targets)
         if finishing is not None:
             return finishing
+        return self._toward(dist, here)
+
+    def _toward(self, dist: dict, here: tuple[int, int, int]) -> str:
+        """The listed movement whose end state is nearest to the goal states of `dist`."""
         now = dist.get(here)
         best, best_key = None, None
-        for action, plan in table.items():
+        for action, plan in self.env.table.actions.items():
             if action == CHECK or not plan or any(p in (PICKUP, DROP) for p in plan):
                 continue
             d_end = dist.get(self._end_state(plan))
@@ -261,14 +265,29 @@ class Expert:
         return self._first_primitive(dist, here)
 
     def _clear_hands(self, dist: dict, here: tuple[int, int, int]) -> str:
-        """Drop what is carried, but not onto the way ahead."""
-        x, y, d = here
-        fx, fy = _DIRS[d]
-        ahead = (x + fx, y + fy, d)
-        on_path = here in dist and dist.get(ahead, 1 << 30) < dist[here]
-        if "drop" in self.env.table.actions and not on_path:
+        """Drop what is carried on a free cell off the way ahead and away from doors (walking there first)."""
+        g = self.env.game
+        path = set()
+        starts = [(x_, y_, d_) for x_, y_, d_ in dist if (x_, y_) == here[:2]]
+        if starts:  # the cells of one shortest path to the goal from this cell (whatever the heading: stable)
+            state = min(starts, key=lambda s_: (dist[s_], s_[2]))
+            while dist[state] > 0:
+                x, y, d = state
+                fx, fy = _DIRS[d]
+                nxt = [(x + fx, y + fy, d), (x, y, (d - 1) % 4), (x, y, (d + 1) % 4)]
+                state = min((s for s in nxt if s in dist), key=lambda s: dist[s])
+                path.add(state[:2])
+        doors = {pos for _, pos in self._find("door")}
+        spots = []
+        for i, obj in enumerate(g.grid.grid):
+            cell = (i % g.grid.width, i // g.grid.width)
+            if obj is None and cell not in path and cell != here[:2] and \
+                    not any((cell[0] + dx, cell[1] + dy) in doors for dx, dy in _DIRS):
+                spots.append(cell)
+        drop_states = self._facing(spots)
+        if here in drop_states and "drop" in self.env.table.actions:
             return "drop"
-        return "turn left"
+        return self._toward(self._distances(drop_states), here)
 
     def _first_primitive(self, dist: dict, here: tuple[int, int, int]) -> str:
         x, y, d = here
