@@ -94,16 +94,22 @@ class EnvPool:
     async def run(self, spec: EpisodeSpec) -> EpisodeSummary:
         """Run one episode in a free slot, send its trajectory, and return its summary."""
         family = family_of(spec.item_id, self.env_cfg)
-        async with self._slots:
+        async with self._family_slot(family):  # waiting for a family's instance holds no slot
+            await self._slots.acquire()
             self.in_flight += 1
             try:
-                async with self._family_slot(family):
-                    env = self._idle[family].pop() if self._idle[family] else await self._build(family)
-                    traj = await run_episode(env, self.policy, self.chat, spec, self.limits)
-                    await self._settle(family, env, traj)
-                sent = await self._send(traj)
-            finally:
+                env = self._idle[family].pop() if self._idle[family] else await self._build(family)
+                traj = await run_episode(env, self.policy, self.chat, spec, self.limits)
+                await self._settle(family, env, traj)
+            except BaseException:
                 self.in_flight -= 1
+                self._slots.release()
+                raise
+        try:
+            sent = await self._send(traj)  # the slot is held until the channel took it: backpressure
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
         return EpisodeSummary.of(traj, self.name, sent)
 
     def _family_slot(self, family: str) -> asyncio.Semaphore:
