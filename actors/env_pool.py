@@ -77,6 +77,7 @@ class EnvPool:
         self.chat = ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir))
         self._factory = env_factory or make_env
         self._close_timeout_s = close_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None  # semaphores belong to one event loop
         self._slots = asyncio.Semaphore(env_cfg.slots_per_actor)
         self._family_slots: dict[str, asyncio.Semaphore] = {}
         self._idle: dict[str, list[Env]] = collections.defaultdict(list)
@@ -94,6 +95,7 @@ class EnvPool:
     async def run(self, spec: EpisodeSpec) -> EpisodeSummary:
         """Run one episode in a free slot, send its trajectory, and return its summary."""
         family = family_of(spec.item_id, self.env_cfg)
+        self._bind_loop()
         async with self._family_slot(family):  # waiting for a family's instance holds no slot
             await self._slots.acquire()
             self.in_flight += 1
@@ -111,6 +113,17 @@ class EnvPool:
             self.in_flight -= 1
             self._slots.release()
         return EpisodeSummary.of(traj, self.name, sent)
+
+    def _bind_loop(self) -> None:
+        """A Ray actor has one loop for life; in-process users (tests, benches) may run one loop after another."""
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self.in_flight:
+            raise RuntimeError(f"{self.name}: used from two event loops at once")
+        self._loop = loop
+        self._slots = asyncio.Semaphore(self.env_cfg.slots_per_actor)
+        self._family_slots = {}
 
     def _family_slot(self, family: str) -> asyncio.Semaphore:
         if family not in self._family_slots:
@@ -172,6 +185,7 @@ class EnvPool:
     def stats(self) -> dict[str, float]:
         out = dict(self._counters)
         out["pool/in_flight"] = float(self.in_flight)
+        out["pool/cpu_seconds"] = time.process_time()  # this process, all threads: load-independent cost
         for family, envs in self._idle.items():
             out[f"env/{family}/idle"] = float(len(envs))
         return out
