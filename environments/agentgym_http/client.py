@@ -83,7 +83,9 @@ class AgentGymHTTPEnv(Env):
             self.env_id = int(require(created, "id", int, CREATE))
         data = await self._request("POST", RESET, {"id": self.env_id, "data_idx": index})
         self.observation = require(data, "observation", str, RESET)
-        instruction = data.get("instruction") if isinstance(data.get("instruction"), str) else _instruction(self.task)
+        instruction = data.get("instruction")
+        if not isinstance(instruction, str):  # reference servers keep the instruction client-side
+            instruction = _instruction(self.task)
         return Observation(text=self.observation, instruction=instruction,
                            info={"server_id": self.env_id, "data_idx": index})
 

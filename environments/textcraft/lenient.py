@@ -19,8 +19,8 @@ class LenientMatcher:
         names = sorted({normalize(n) for n in book.names}, key=lambda n: (-len(n), n))
         item = "(?:" + "|".join(re.escape(n) for n in names) + ")"
         self._pair = re.compile(rf"(\d+) ({item})(?= |$)")
-        self._command = re.compile(
-            rf"(?<![a-z0-9])(?:get (\d+) ({item})|craft (\d+) ({item}) using ((?:\d+ {item} ?)+)|inventory)(?![a-z0-9])")
+        commands = rf"get (\d+) ({item})|craft (\d+) ({item}) using ((?:\d+ {item} ?)+)|inventory"
+        self._command = re.compile(rf"(?<![a-z0-9])(?:{commands})(?![a-z0-9])")
 
     def find(self, reply: str) -> str | None:
         text = normalize(reply)

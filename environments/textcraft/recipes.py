@@ -84,7 +84,8 @@ class RecipeBook:
                 deps[recipe.output] |= deps.get(n, set())
         craftable = {r.output for r in raw}
         generic = {i.name for r in raw for i, _ in r.inputs if i.is_tag}
-        dead = {t for t in generic if not any(tag == t and item in craftable for item, tag in self.item_tag.items())}
+        has_craftable_member = {tag for item, tag in self.item_tag.items() if item in craftable}
+        dead = generic - has_craftable_member
         self.items |= dead
         self.tags -= dead
         fixed = [Recipe(r.output, r.count, r.tag,

@@ -4,21 +4,21 @@ Measured side by side in one run:
 - BabyAI steps/s with scripted valid actions, raw (one process, no pool) and through one and two EnvPool
   Ray actors (`--slots` episodes in flight per actor, trajectories sent over ZMQ to a receiver here);
 - TextCraft steps/s raw; reset latency p50/p95 of both.
-The BabyAI setups take turns in R rounds of W seconds each (raw, one actor, two actors, raw, ...), so
-load from elsewhere on the machine hits them alike; each figure is the median over rounds, and the ratios are
-medians of the per-round ratios. A fourth setup, raw plus the chat tokenization the rollout loop does per step
+The BabyAI setups take turns in R rounds of W seconds each (raw, one actor, two actors, raw, ...), so load from
+elsewhere on the machine hits them alike; each figure is the median over rounds, and the ratios are medians of
+the per-round ratios. A fourth setup, raw plus the chat tokenization the rollout loop does per step
 (`pool_overhead_babyai_vs_tokenized_raw`), separates the pool's own cost from tokenizing observations, and CPU
 milliseconds per step (`babyai_*_cpu_ms_per_step`, `pool_cpu_overhead_babyai`) show costs that load from other
-processes does not distort the way it distorts wall-clock rates. Pooled rates are steady-state: episodes are fed continuously and the steps of
-the episodes that finish inside the window are counted.
+processes does not distort the way it distorts wall-clock rates. Pooled rates are steady-state: episodes are
+fed continuously and the steps of the episodes that finish inside the window are counted.
+
 The scripted replies depend only on the latest observation (a seeded choice among its listed actions), so the
-raw and pooled runs play the same episodes. The pooled policy is a ScriptedPolicy that decodes only the prompt
-tokens added since its previous call in the episode: decoding the whole conversation every turn (what
+raw and pooled runs play the same kind of episodes. The pooled policy is a ScriptedPolicy that decodes only the
+prompt tokens added since its previous call in the episode: decoding the whole conversation every turn (what
 ScriptedPolicy itself does) costs more than the env step by the end of an episode, and in a real run that work
-is the generator's, not the pool's. Chat tokenization of each observation stays in the pooled figures: a real
-run pays it in the pool too. The final JSON line holds `pool_overhead_babyai` (pool seconds per step, one
-actor, over raw seconds per step) and `two_actor_speedup` (steps/s of two actors over one); targets:
-at most 2 and at least 1.6 on 2 cores. Other env families add their rows and figures through
+is the generator's, not the pool's. The final JSON line holds `pool_overhead_babyai` (pool seconds per step,
+one actor, over raw seconds per step) and `two_actor_speedup` (steps/s of two actors over one); targets: at
+most 2 and at least 1.6 on 2 cores. Other env families add their rows and figures through
 launch/bench/envs_ii.py (`measure(args) -> (rows, figures)`), when that module exists.
 """
 from __future__ import annotations
@@ -197,7 +197,8 @@ def main(argv: list[str]) -> int:
     figures.update({"babyai_reset_p50_ms": p50, "babyai_reset_p95_ms": p95})
     rates = {name: [run["steps"] / run["seconds"] for run in rs] for name, rs in runs.items()}
     for name, rs in runs.items():
-        label = {"raw": "babyai raw", "tokenized": "babyai raw + chat tokens"}.get(name, f"babyai pool x{name[4:]}")
+        labels = {"raw": "babyai raw", "tokenized": "babyai raw + chat tokens"}
+        label = labels.get(name, f"babyai pool x{name[4:]}")
         rows.append((label, sum(x["episodes"] for x in rs), sum(x["steps"] for x in rs),
                      sum(x["seconds"] for x in rs), statistics.median(rates[name]),
                      p50 if name == "raw" else "", p95 if name == "raw" else ""))
