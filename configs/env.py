@@ -95,6 +95,9 @@ class HTTPEnvConfig:
     """The task family that server hosts (item ids are `<task>_<n>`)."""
     timeout_s: float = spec(60.0, gt=0)
     """HTTP timeout per request."""
+    parse_mode: str = spec("strict", choices=PARSE_MODES)
+    """How the client extracts the action it sends: `strict` (the reference clients' rules) or `lenient` (also
+    the last available action named anywhere, for babyai and textcraft servers)."""
 
 
 @dataclass
