@@ -7,6 +7,7 @@ splits, env.py for an episode, observation.py / actions.py / evaluators.py for t
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 
@@ -38,6 +39,15 @@ def local_site_fixture():
     return local_site()
 
 
+@contextlib.contextmanager
+def contract_context(cfg):
+    """The env contract test's hook: run against the local shop, with `cfg` as the base config."""
+    from environments.webarena.local_site import local_site
+
+    with local_site(base=cfg) as site:
+        yield site.cfg
+
+
 FAMILY = Family(
     name="webarena",
     make_env=make_env,
@@ -51,5 +61,6 @@ FAMILY = Family(
         "split_items": split_items,
         "skipped_items": skipped_tasks,  # cfg -> {item id: reason}; fuzzy_match tasks without a judge
         "local_site": local_site_fixture,
+        "contract_context": contract_context,
     },
 )
