@@ -3,15 +3,15 @@
 Each family's items come from environments.splits (the dataset files or generated splits), narrowed by the
 family's `select_items(family_cfg, ids)` hook when it has one (e.g. BabyAI's `env.babyai.levels`). The
 agentgym_http family takes the split of the task its server hosts and names the items `agentgym_http_<n>`.
-Draws come from one seeded generator, so a run's item sequence is reproducible.
+Draws come from core.sampler.ItemSampler: seeded epochs per family and a state that resumes exactly.
 """
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from configs.env import FAMILIES
 from core.env import split_item_id
+from core.sampler import ItemSampler
 from environments.registry import get_family
 from environments.splits import load_split
 
@@ -28,19 +28,13 @@ def family_items(name: str, env_cfg: Any, split: str, cache_dir: str | None = No
     return select(getattr(env_cfg, name), ids) if select else ids
 
 
-class ItemSampler:
-    def __init__(self, env_cfg: Any, split: str = "train", seed: int = 0, cache_dir: str | None = None):
-        self.families = sorted(env_cfg.mix)
-        self.weights = [float(env_cfg.mix[f]) for f in self.families]
-        self.items = {f: family_items(f, env_cfg, split, cache_dir) for f in self.families}
-        for f, ids in self.items.items():
-            if not ids:
-                raise ValueError(f"env.mix.{f}: its {split} split has no items (check env.{f} filters)")
-        self.rng = random.Random(seed)
-
-    def sample(self) -> str:
-        family = self.rng.choices(self.families, self.weights)[0]
-        return self.rng.choice(self.items[family])
+def mix_sampler(env_cfg: Any, split: str = "train", seed: int = 0, cache_dir: str | None = None) -> ItemSampler:
+    """The resumable sampler (core.sampler) over every family of `env.mix`, with its split's items."""
+    items = {f: family_items(f, env_cfg, split, cache_dir) for f in sorted(env_cfg.mix)}
+    for f, ids in items.items():
+        if not ids:
+            raise ValueError(f"env.mix.{f}: its {split} split has no items (check env.{f} filters)")
+    return ItemSampler(items, dict(env_cfg.mix), seed=seed)
 
 
 def family_of(item_id: str, env_cfg: Any) -> str:

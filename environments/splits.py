@@ -55,7 +55,11 @@ def read_split_file(path: Path) -> list[str]:
 
 
 def generate(family: Family) -> dict[str, list[str]]:
-    """Deterministic splits of the documented sizes for `family`."""
+    """Deterministic splits of the documented sizes for `family` (its own `split_items` hook, when it has one:
+    SciWorld splits by variation as the simulator does, Search by its generated QA set, WebArena by task)."""
+    own = family.extras.get("split_items")
+    if own is not None:
+        return {"test": list(own("test")), "train": list(own("train"))}
     sizes = family.split_sizes
     test, train = sizes.get("test", 0), sizes.get("train", 0)
     if family.num_items <= 0:

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from configs.env import EnvConfig
-from environments.item_sampler import ItemSampler, family_of
+from environments.item_sampler import family_items, family_of, mix_sampler
 from environments.registry import get_family
 from environments.splits import generate, load_split, read_split_file, split_path
 from launch import splits as splits_cli
@@ -68,19 +68,19 @@ def test_splits_command_writes_the_dataset_layout(tmp_path, capsys):
 def test_item_sampler_follows_the_mix_and_level_filter(tmp_path):
     cfg = EnvConfig(mix={"babyai": 3.0, "textcraft": 1.0})
     cfg.babyai.levels = ["GoToRedBall", "PickupLoc"]
-    sampler = ItemSampler(cfg, "train", seed=1, cache_dir=str(tmp_path))
-    draws = [sampler.sample() for _ in range(2000)]
+    sampler = mix_sampler(cfg, "train", seed=1, cache_dir=str(tmp_path))
+    draws = [sampler.next_item() for _ in range(2000)]
     babyai = [d for d in draws if d.startswith("babyai_")]
     assert 0.70 < len(babyai) / len(draws) < 0.80
     assert {int(d.split("_")[1]) % 40 for d in babyai} == {1, 18}
-    again = ItemSampler(cfg, "train", seed=1, cache_dir=str(tmp_path))
-    assert [again.sample() for _ in range(2000)] == draws
+    again = mix_sampler(cfg, "train", seed=1, cache_dir=str(tmp_path))
+    assert [again.next_item() for _ in range(2000)] == draws
 
 
 def test_http_items_route_to_the_http_family(tmp_path):
     cfg = EnvConfig(mix={"agentgym_http": 1.0})
     cfg.agentgym_http.task = "textcraft"
-    items = ItemSampler(cfg, "test", cache_dir=str(tmp_path)).items["agentgym_http"]
+    items = family_items("agentgym_http", cfg, "test", cache_dir=str(tmp_path))
     assert len(items) == 100 and all(i.startswith("agentgym_http_") for i in items)
     assert family_of("agentgym_http_3", cfg) == "agentgym_http"
     assert family_of("textcraft_3", cfg) == "textcraft"
