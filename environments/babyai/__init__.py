@@ -37,5 +37,6 @@ FAMILY = Family(
         "scripted_reply": scripted_reply,
         "contract_items": ["babyai_0", "babyai_11", "babyai_21", "babyai_39"],
         "select_items": select_items,
+        "item_label": level_of,  # eval reports break results down by level
     },
 )

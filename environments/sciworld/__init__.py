@@ -9,7 +9,7 @@ from configs.env import SciWorldConfig
 from core.env import Env, run_sync_env
 from environments.registry import Family
 from environments.sciworld.env import SciWorldEnv
-from environments.sciworld.tasks import NUM_ITEMS, split_items
+from environments.sciworld.tasks import NUM_ITEMS, item_to_task, split_items
 
 _DOOR = re.compile(r"A door to the ([a-z ]+?) \(")
 
@@ -38,5 +38,6 @@ FAMILY = Family(
         "contract_items": ["sciworld_0", "sciworld_2936"],  # boil, find-living-thing
         "max_instances_per_actor": lambda cfg: cfg.max_jvms_per_actor,
         "split_items": lambda split: list(split_items(split)),
+        "item_label": lambda item_id: item_to_task(item_id)[0].name,  # eval reports: by task
     },
 )
