@@ -89,6 +89,17 @@ if [ "$FLAVOR" = gpu ]; then
 else
   retry pip_ install -q "${BASE[@]}" "${EXTRA[@]}" "${TEST[@]}"
 fi
+if [ "$FLAVOR" = cpu ]; then
+  # DeepSpeed on CPU compiles its shared-memory collective op on the first init_distributed (40-80 s, once per
+  # machine, into ~/.cache/torch_extensions). Building it into the install keeps that out of the first run and
+  # out of CI's test time. The build imports torch, hence no build isolation; no cache, so that a wheel built
+  # without the op is not reused.
+  DEEPSPEED=$(printf '%s\n' "${BASE[@]}" | grep '^deepspeed==')
+  DS_BUILD_SHM_COMM=1 retry pip_ install -q --no-deps --no-build-isolation --no-cache-dir --force-reinstall \
+    "$DEEPSPEED"
+  "$VENV/bin/python" -c 'from deepspeed.git_version_info import installed_ops as o; assert o["deepspeed_shm_comm"]' \
+    2>/dev/null || echo "install.sh: warning: DeepSpeed's shm op was not prebuilt; it will compile on first use" >&2
+fi
 retry pip_ install -q --no-deps "${NODEPS[@]}"
 pip_ uninstall -y -q "${REMOVE[@]}" 2>/dev/null || true
 
