@@ -16,7 +16,6 @@ import socket
 import warnings
 from typing import Sequence
 
-import deepspeed
 import torch
 import torch.distributed as dist
 
@@ -33,6 +32,8 @@ def free_port(host: str) -> int:
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, use_gpu: bool,
                        timeout_s: float = 600.0) -> torch.device:
     """Join the learners' process group; returns this rank's device."""
+    import deepspeed  # here, not at the top: whoever imports the Learner class (the driver) needs no DeepSpeed
+
     # DeepSpeed's ZeRO collectives call torch APIs that warn on every call in this torch version.
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.distributed\.\w+` is deprecated")
     # DeepSpeed reads these even when given an init_method; a Ray actor sees only its own GPU as device 0.
@@ -91,6 +92,8 @@ def _as_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
 def gather_full_weights(named: Sequence[tuple[str, torch.Tensor]], rank: int) -> list[TensorBytes]:
     """Full copies of `named` tensors as raw bytes on rank 0 ([] on other ranks). A tensor listed under several
     names (tied embeddings) is gathered once and emitted under each name."""
+    import deepspeed
+
     out: list[TensorBytes] = []
     done: dict[int, tuple[str, tuple[int, ...], memoryview]] = {}
     for name, tensor in named:

@@ -13,18 +13,26 @@ What must hold:
 from __future__ import annotations
 
 import logging
+import os
 from typing import Sequence
 
-import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from launch.ray_cluster import LOCAL_RAY_ENV
 
-from actors.learner import Learner
-from configs.learner import AlgorithmConfig, LearnerConfig
-from core.advantages import compute_advantages
-from core.batching import TrainSample, shard
-from core.trajectory import Trajectory
-from core.weights_channel import TensorBytes
+# Ray reads these when it is imported, not when it starts: set after `import ray`, a local Ray listens on every
+# interface and advertises the machine's external address (seen with Ray 2.60). Same defaults as connect().
+for _key, _value in LOCAL_RAY_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+import ray  # noqa: E402
+from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
+
+from actors.learner import Learner  # noqa: E402
+from configs.learner import AlgorithmConfig, LearnerConfig  # noqa: E402
+from core.advantages import compute_advantages  # noqa: E402
+from core.batching import TrainSample, shard  # noqa: E402
+from core.trajectory import Trajectory  # noqa: E402
+from core.weights_channel import TensorBytes  # noqa: E402
 
 log = logging.getLogger("agentgym.learners")
 LOOPBACK = "127.0.0.1"
@@ -94,6 +102,8 @@ class LearnerGroup:
 
     def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One learner step on the whole batch; returns its metrics (over all ranks)."""
+        if not trajectories:
+            raise ValueError("train_step needs at least one trajectory")
         shards = shard(prepare_samples(trajectories, self.algorithm), self.num_ranks)
         return _all([a.train_step.remote(s) for a, s in zip(self.actors, shards)])[0]
 
@@ -113,6 +123,10 @@ class LearnerGroup:
 
     def version(self) -> int:
         return ray.get(self.actors[0].get_version.remote())
+
+    def peak_memory_mb(self) -> list[dict[str, float]]:
+        """Per rank: peak resident memory of its process (and peak GPU memory on GPU)."""
+        return _all([a.peak_memory_mb.remote() for a in self.actors])
 
     def save_checkpoint(self, path: str) -> None:
         """Every rank writes its part into `path` (shared storage across nodes)."""

@@ -15,7 +15,6 @@ from core.batching import (
     shard,
     split,
 )
-from core.lr_schedule import lr_multiplier
 from core.token_scorer import Scores, TokenScorer, policy_state_names
 from core.trajectory import Termination, Trajectory
 
@@ -127,14 +126,3 @@ def test_packed_scores_equal_unpacked_scores(tiny_model_dir):
     names = [n for n, _ in policy_state_names(scorer)]
     assert "lm_head.weight" in names and "model.embed_tokens.weight" in names  # tied: both names
     assert not any(n.startswith("value_head") for n in names)
-
-
-def test_lr_schedule_by_hand():
-    assert [lr_multiplier(i, warmup_steps=4) for i in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    cos = [lr_multiplier(i, warmup_steps=2, schedule="cosine", decay_steps=4, min_ratio=0.1) for i in range(8)]
-    assert cos[:3] == [0.5, 1.0, 1.0]
-    assert cos[4] == pytest.approx(0.1 + 0.9 * 0.5) and cos[6:] == [pytest.approx(0.1)] * 2
-    lin = [lr_multiplier(i, schedule="linear", decay_steps=4) for i in range(6)]
-    assert lin == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
-    with pytest.raises(ValueError, match="decay_steps"):
-        lr_multiplier(0, schedule="cosine")
