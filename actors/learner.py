@@ -76,8 +76,8 @@ class Learner:
         from transformers import AutoModelForCausalLM
 
         use_gpu = self.cfg.num_gpus_per_rank > 0
-        if not use_gpu and self.cfg.num_cpus_per_rank >= 1:
-            torch.set_num_threads(int(self.cfg.num_cpus_per_rank))
+        if not use_gpu:  # as many threads as CPUs reserved, and one for a fractional reservation
+            torch.set_num_threads(max(1, int(self.cfg.num_cpus_per_rank)))
         self.device = zero_engine.init_process_group(self.rank, self.world_size, master_addr, master_port, use_gpu)
         torch.manual_seed(self.cfg.seed)
         torch_dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32

@@ -6,10 +6,10 @@ What must hold:
 - Packing is padding-free: the sequences of a micro-batch are laid end to end in one row, with position ids
   restarting at 0 for each, so that an attention implementation that reads packed position ids (SDPA and
   flash-attention in transformers) keeps them apart. A sequence is never split. A micro-batch holds at most
-  `budget` tokens, except that a sequence longer than the budget travels alone (and is counted).
+  `budget` tokens, except that a sequence longer than the budget travels alone.
 - The per-token arrays of a micro-batch are over its *scored* positions: the row positions whose logits predict
   a sampled token. Position p scores token p+1 of the row, so the first token of a sequence is never scored
-  (the wire record guarantees it is not sampled: a reply follows a prompt).
+  (`TrainSample.validate` refuses a record whose first token is marked sampled: a reply follows a prompt).
 - `shard` and `split` balance by tokens (largest first onto the lightest bin) and are deterministic.
 """
 from __future__ import annotations

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.slow
 
 MAX_STEPS = 40
 GROUPS, GROUP_SIZE, TURNS = 16, 8, 3
+# Half a CPU per rank (each rank still runs one thread): two ranks fit beside actors that other tests may keep
+# in a shared Ray; and a placement that cannot be met fails in two minutes instead of hanging.
+CPUS_PER_RANK, SETUP_TIMEOUT_S = 0.5, 120
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,10 @@ def test_learns_the_cue_task(ray_local, tiny_model_dir, tiny_tokenizer, stage, s
     was sampled, so the behaviour policy is stale and the importance weights are really at work."""
     from launch.learners import LearnerGroup
 
-    cfg = LearnerConfig(num_ranks=2, zero_stage=stage, lr=1e-2, micro_batch_tokens=256, mini_batches=2, seed=0)
-    group = LearnerGroup(tiny_model_dir, "float32", cfg, AlgorithmConfig(adv_estimator="grpo"))
+    cfg = LearnerConfig(num_ranks=2, zero_stage=stage, lr=1e-2, micro_batch_tokens=256, mini_batches=2, seed=0,
+                        num_cpus_per_rank=CPUS_PER_RANK)
+    group = LearnerGroup(tiny_model_dir, "float32", cfg, AlgorithmConfig(adv_estimator="grpo"),
+                         setup_timeout_s=SETUP_TIMEOUT_S)
     sub = WeightSubscriber(group.weights_endpoint, name="sampler")
     model, task = _policy(tiny_model_dir), CueTask(tiny_tokenizer, turns=TURNS)
     rewards, metrics, pending = [], [], None
@@ -95,7 +100,8 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
     from launch.learners import LearnerGroup
 
     algo = AlgorithmConfig(adv_estimator="gae", gamma=0.9, lam=0.95, kl_coef=0.05, entropy_coef=0.01)
-    common = dict(lr=1e-2, warmup_steps=1, micro_batch_tokens=10, ppo_epochs=2, mini_batches=1, seed=0)
+    common = dict(lr=1e-2, warmup_steps=1, micro_batch_tokens=10, ppo_epochs=2, mini_batches=1, seed=0,
+                  num_cpus_per_rank=CPUS_PER_RANK)
     task = CueTask(tiny_tokenizer, turns=TURNS)
     initial = _policy(tiny_model_dir)
     # 15 trajectories (a dropped one makes the shards uneven), all sampled by version 0: stale later on
@@ -103,7 +109,7 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
     before = {k: v.numpy().copy() for k, v in initial.state_dict().items()}
 
     one = LearnerGroup(tiny_model_dir, "float32", LearnerConfig(num_ranks=1, zero_stage=1, **common), algo,
-                       weights_host=None)
+                       weights_host=None, setup_timeout_s=SETUP_TIMEOUT_S)
     try:
         m_one = [one.train_step(b) for b in batches[:2]]
         w_one = _weights(one.gather_weights())
@@ -111,7 +117,7 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
         one.shutdown()
 
     three = LearnerGroup(tiny_model_dir, "float32", LearnerConfig(num_ranks=2, zero_stage=3, **common), algo,
-                         weights_host=None)
+                         weights_host=None, setup_timeout_s=SETUP_TIMEOUT_S)
     try:
         m_three = [three.train_step(b) for b in batches[:2]]
         w_three = _weights(three.gather_weights())
