@@ -17,6 +17,7 @@ default model); when that is missing the benchmark stops and says so.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -49,6 +50,26 @@ def synthetic_batch(n: int, seq_len: int, turns: int, vocab: int, group_size: in
     return batch
 
 
+def _measure(model: Path, args, cfg, algorithm, batch, name: str) -> tuple[float, float, float, float]:
+    """(setup seconds, seconds per timed train step, peak MB of the largest rank, last grad norm)."""
+    from launch.learners import LearnerGroup  # after connect(): see main
+
+    start = time.perf_counter()
+    group = LearnerGroup(str(model), args.dtype, cfg, algorithm, weights_host=None, name=name)
+    setup_s = time.perf_counter() - start
+    try:
+        for _ in range(args.warmup):
+            group.train_step(batch)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            metrics = group.train_step(batch)
+        step_s = (time.perf_counter() - start) / args.steps
+        peak = max(m["rss_mb"] for m in group.peak_memory_mb())
+    finally:
+        group.shutdown()
+    return setup_s, step_s, peak, metrics["grad_norm"]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.bench learner", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
@@ -64,8 +85,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=2, help="timed train steps")
     args = parser.parse_args(argv)
 
-    import json
-
     from tqdm import tqdm
 
     from launch.ray_cluster import connect, shutdown
@@ -74,7 +93,6 @@ def main(argv: list[str]) -> int:
     connect(num_cpus=args.cpus)  # before anything imports ray, so that the local Ray stays on loopback
 
     from configs.learner import AlgorithmConfig, LearnerConfig
-    from launch.learners import LearnerGroup
 
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     batch = synthetic_batch(args.seqs, args.seq_len, args.turns, vocab)
@@ -84,33 +102,29 @@ def main(argv: list[str]) -> int:
           f"micro-batches of {args.micro_batch_tokens} tokens; {args.cpus} CPUs shared by the ranks")
     configs = [(int(s), int(r)) for s in args.stages.split(",") for r in args.ranks.split(",")]
     rows, figures, base = [], {}, None
+    headers = ["stage", "ranks", "cpus/rank", "setup s", "step s", "tokens/s", "vs first", "peak MB/rank",
+               "grad norm"]
     try:
-        for stage, ranks in tqdm(configs, desc="bench learner", unit="config"):
-            cfg = LearnerConfig(num_ranks=ranks, zero_stage=stage, num_cpus_per_rank=args.cpus / ranks, lr=1e-6,
-                                micro_batch_tokens=args.micro_batch_tokens, seed=0)
-            start = time.perf_counter()
-            group = LearnerGroup(str(model), args.dtype, cfg, AlgorithmConfig(adv_estimator="grpo"),
-                                 weights_host=None, name=f"bench-z{stage}-r{ranks}")
-            setup_s = time.perf_counter() - start
+        bar = tqdm(configs, desc="bench learner", unit="config")
+        for stage, ranks in bar:
             try:
-                for _ in range(args.warmup):
-                    group.train_step(batch)
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    metrics = group.train_step(batch)
-                step_s = (time.perf_counter() - start) / args.steps
-                peak = max(m["rss_mb"] for m in group.peak_memory_mb())
-            finally:
-                group.shutdown()
+                setup_s, step_s, peak, grad_norm = _measure(
+                    model, args, LearnerConfig(
+                        num_ranks=ranks, zero_stage=stage, num_cpus_per_rank=args.cpus / ranks, lr=1e-6,
+                        micro_batch_tokens=args.micro_batch_tokens, seed=0),
+                    AlgorithmConfig(adv_estimator="grpo"), batch, f"bench-z{stage}-r{ranks}")
+            except Exception as exc:  # e.g. a rank killed for memory: the other configurations still count
+                rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, "failed", type(exc).__name__, "", "", "", ""])
+                bar.write(f"ZeRO-{stage} with {ranks} rank(s) failed: {str(exc).splitlines()[0][:200]}")
+                continue
             tps = batch_tokens / step_s
             base = base or tps
             figures[f"tokens_per_s_zero{stage}_{ranks}rank"] = tps
             figures[f"peak_mb_zero{stage}_{ranks}rank"] = peak
-            rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, setup_s, step_s, tps, tps / base, peak,
-                         metrics["grad_norm"]])
+            rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, setup_s, step_s, tps, tps / base, peak, grad_norm])
+            bar.write(table(headers, rows[-1:]).splitlines()[-1])
     finally:
         shutdown()
-    print(table(["stage", "ranks", "cpus/rank", "setup s", "step s", "tokens/s", "vs first", "peak MB/rank",
-                 "grad norm"], rows))
+    print(table(headers, rows))
     emit(figures)
     return 0
