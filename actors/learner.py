@@ -1,8 +1,8 @@
 """One learner rank: a DeepSpeed ZeRO engine that trains the policy with decoupled PPO.
 
-A plain class; launch/learners.py makes one Ray actor per data-parallel rank. Lifecycle:
-`free_port` (rank 0, for the rendezvous) -> `setup` on every rank at once -> `train_step` / `publish_weights` /
-`save_checkpoint` / `load_checkpoint`, called on every rank with the same arguments except the batch shard.
+A plain class; launch/learners.py makes one Ray actor per data-parallel rank. Lifecycle: `free_port` (rank 0,
+for the rendezvous) -> `setup` on every rank at once -> `train_step` / `publish_weights` / `save_checkpoint` /
+`load_checkpoint`, called on every rank with the same arguments except the batch shard.
 
 What must hold:
 - Every rank runs the same collectives in the same order: before each pass the ranks agree (all-reduce max)
@@ -68,8 +68,8 @@ class Learner:
     def free_port(self, host: str) -> int:
         return zero_engine.free_port(host)
 
-    def setup(self, master_addr: str, master_port: int, weights_host: str | None = None, weights_port: int = 0,
-              weights_chunk_bytes: int = 64 << 20) -> dict:
+    def setup(self, master_addr: str, master_port: int, weights_host: str | None = None,
+              weights_port: int = 0, weights_chunk_bytes: int = 64 << 20) -> dict:
         """Join the process group, load the model into a ZeRO engine, and (rank 0, if `weights_host` is given)
         bind the weights publisher. Every rank must call this at the same time."""
         import deepspeed
@@ -78,7 +78,8 @@ class Learner:
         use_gpu = self.cfg.num_gpus_per_rank > 0
         if not use_gpu:  # as many threads as CPUs reserved, and one for a fractional reservation
             torch.set_num_threads(max(1, int(self.cfg.num_cpus_per_rank)))
-        self.device = zero_engine.init_process_group(self.rank, self.world_size, master_addr, master_port, use_gpu)
+        self.device = zero_engine.init_process_group(self.rank, self.world_size, master_addr, master_port,
+                                                     use_gpu)
         torch.manual_seed(self.cfg.seed)
         torch_dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
         policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype,
@@ -95,7 +96,8 @@ class Learner:
         # fused: one kernel over each flat ZeRO partition, without the full-size temporaries of the plain loop
         # (a 135M model peaked 1 GB lower on CPU, and stepped a little faster)
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            [{"params": decay, "weight_decay": self.cfg.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
             lr=self.cfg.lr, betas=tuple(self.cfg.betas), fused=True)
         c = self.cfg
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_multiplier(
@@ -141,13 +143,16 @@ class Learner:
         agreed = int(self._agree([local], "max")[0])
         return micro_batches(trajs, members, self.cfg.micro_batch_tokens, at_least=agreed)
 
-    def _proximal_pass(self, trajs) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray] | None,
-                                              float]:
-        """Proximal logprobs [T] per trajectory (and values, reference logprobs), with today's weights, no grad.
-        Returns the entropy summed over sampled tokens too (a metric of the proximal policy)."""
-        proximal = [np.zeros(t.num_tokens, np.float32) for t in trajs]
-        values = [np.zeros(t.num_tokens, np.float32) for t in trajs] if self.algo.adv_estimator == "gae" else None
-        reference = [np.zeros(t.num_tokens, np.float32) for t in trajs] if self.reference is not None else None
+    def _proximal_pass(self, trajs) -> tuple[list[np.ndarray], list[np.ndarray] | None,
+                                              list[np.ndarray] | None, float]:
+        """Proximal logprobs [T] per trajectory (and values, reference logprobs), with today's weights, no
+        grad. Returns the entropy summed over sampled tokens too (a metric of the proximal policy)."""
+        def zeros() -> list[np.ndarray]:
+            return [np.zeros(t.num_tokens, np.float32) for t in trajs]
+
+        proximal = zeros()
+        values = zeros() if self.algo.adv_estimator == "gae" else None
+        reference = zeros() if self.reference is not None else None
         entropy_sum = 0.0
         with torch.no_grad():
             for mb in self._plan(trajs, list(range(len(trajs)))):
@@ -166,7 +171,9 @@ class Learner:
 
     def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One learner step on this rank's shard of the batch: proximal pass, then `ppo_epochs` passes of
-        `mini_batches` optimizer steps each. Returns metrics over the whole batch (all ranks)."""
+        `mini_batches` optimizer steps each. Returns metrics over the whole batch (all ranks), named
+        `train/...`; `train/staleness/<k>` is the fraction of sampled tokens sampled k versions before this
+        step."""
         if self.engine is None:
             raise RuntimeError("train_step before setup")
         start = time.perf_counter()
@@ -206,7 +213,7 @@ class Learner:
                        lr=lrs[-1], optimizer_steps=float(len(grad_norms)), version=float(self.version + 1),
                        step_seconds=time.perf_counter() - start)
         self.version += 1
-        return metrics
+        return {f"train/{k}": v for k, v in metrics.items()}
 
     def _update(self, trajs, part: list[int], proximal, behaviour, advantages, values, returns, reference,
                 sums: dict, maxima: dict) -> None:
@@ -223,8 +230,8 @@ class Learner:
             # DeepSpeed averages gradients over ranks; the weights already make the global mean, so undo that.
             weights = weights * self.world_size if not mb.padding else torch.zeros_like(weights)
             loss = decoupled_ppo_loss(
-                out.logprobs, t(mb.gather(proximal)), t(mb.gather(behaviour)), t(mb.gather(advantages)), weights,
-                self.settings, entropy=out.entropy,
+                out.logprobs, t(mb.gather(proximal)), t(mb.gather(behaviour)), t(mb.gather(advantages)),
+                weights, self.settings, entropy=out.entropy,
                 reference=t(mb.gather(reference)) if reference is not None else None,
                 values=out.values, old_values=t(mb.gather(values)) if values is not None else None,
                 returns=t(mb.gather(returns)) if returns is not None else None)
@@ -259,7 +266,7 @@ class Learner:
             out[f"staleness/{k}"] = hist[k] / denom
         out[f"staleness/{STALENESS_BUCKETS}+"] = hist[STALENESS_BUCKETS] / denom
         out["staleness/ahead"] = hist[-1] / denom
-        # entropy: of the proximal policy on the batch's sampled tokens (measured whether or not it is a bonus)
+        # entropy: of the proximal policy on the batch's sampled tokens (whether or not it is a bonus)
         out.update(entropy=ent / denom, sampled_tokens=n_sampled, trajectories=n_traj,
                    reward_mean=reward_sum / max(n_traj, 1.0), reward_max=top[-1], batch_tokens=n_tokens)
         if self.reference is None:

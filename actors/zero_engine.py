@@ -32,18 +32,20 @@ def free_port(host: str) -> int:
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, use_gpu: bool,
                        timeout_s: float = 600.0) -> torch.device:
     """Join the learners' process group; returns this rank's device."""
-    import deepspeed  # here, not at the top: whoever imports the Learner class (the driver) needs no DeepSpeed
+    import deepspeed  # not at the top: whoever imports the Learner class (the driver) needs no DeepSpeed
 
     # DeepSpeed's ZeRO collectives call torch APIs that warn on every call in this torch version.
-    warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.distributed\.\w+` is deprecated")
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r".*torch\.distributed\.\w+` is deprecated")
     # DeepSpeed reads these even when given an init_method; a Ray actor sees only its own GPU as device 0.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                       MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
     if use_gpu:
         torch.cuda.set_device(0)
     deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo", auto_mpi_discovery=False,
-                               init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size,
-                               timeout=datetime.timedelta(seconds=timeout_s), verbose=False)
+                               init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                               world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
+                               verbose=False)
     return torch.device("cuda", 0) if use_gpu else torch.device("cpu")
 
 
@@ -90,8 +92,8 @@ def _as_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
 
 
 def gather_full_weights(named: Sequence[tuple[str, torch.Tensor]], rank: int) -> list[TensorBytes]:
-    """Full copies of `named` tensors as raw bytes on rank 0 ([] on other ranks). A tensor listed under several
-    names (tied embeddings) is gathered once and emitted under each name."""
+    """Full copies of `named` tensors as raw bytes on rank 0 ([] on other ranks). A tensor listed under
+    several names (tied embeddings) is gathered once and emitted under each name."""
     import deepspeed
 
     out: list[TensorBytes] = []

@@ -24,8 +24,8 @@ class LearnerConfig:
     lr_schedule: str = spec("constant", choices=("constant", "cosine", "linear"))
     """Decay after warmup."""
     lr_decay_steps: int = spec(0, ge=0)
-    """Optimizer steps from the end of warmup to the end of the decay (cosine, linear); the learning rate stays
-    at its floor afterwards. Required (> 0) when lr_schedule decays."""
+    """Optimizer steps from the end of warmup to the end of the decay (cosine, linear); the learning rate
+    stays at its floor afterwards. Required (> 0) when lr_schedule decays."""
     min_lr_ratio: float = spec(0.0, ge=0, le=1)
     """Floor of the decay, as a fraction of the peak learning rate."""
     weight_decay: float = spec(0.0, ge=0)

@@ -8,16 +8,16 @@ What must hold, for every estimator:
   GRPO group whose samples all scored the same).
 - Group estimators (GRPO, RLOO) see whole groups: every sample of a `group_id` is in the same call.
 
-The unit of time is the *step*: a turn of the episode with at least one sampled token. Discounting (`gamma`) and
-GAE's lambda apply between steps, never between the tokens of one reply. A turn without sampled tokens is folded
-into the step before it (its reward discounted by gamma per turn in between); sampled tokens after the last
-`turn_ends` offset (a reply cut off by shutdown) form a last step with reward 0. A reward that arrives before the
-first sampled token has no action to credit and raises.
+The unit of time is the *step*: a turn of the episode with at least one sampled token. Discounting (`gamma`)
+and GAE's lambda apply between steps, never between the tokens of one reply. A turn without sampled tokens is
+folded into the step before it (its reward discounted by gamma per turn in between); sampled tokens after the
+last `turn_ends` offset (a reply cut off by shutdown) form a last step with reward 0. A reward that arrives
+before the first sampled token has no action to credit and raises.
 
 GAE with a value head, over steps: V(s) is the value head's output at the position that predicts a token, i.e.
 the value of the state just before that token is sampled. With T_k the lambda-return of step k,
 
-    T_k = r_k + gamma * ((1 - lam) * V(first token of step k+1) + lam * T_{k+1}),   T_K = 0 after the last step,
+    T_k = r_k + gamma * ((1 - lam) * V(first token of step k+1) + lam * T_{k+1}),  T = 0 after the last step,
 
 each sampled token t of step k gets return T_k and advantage T_k - V(t). This is token-level GAE with discount
 and lambda 1 inside a reply and (gamma, lam) across turn boundaries. The episode's end is treated as terminal

@@ -7,9 +7,10 @@ What must hold:
   restarting at 0 for each, so that an attention implementation that reads packed position ids (SDPA and
   flash-attention in transformers) keeps them apart. A sequence is never split. A micro-batch holds at most
   `budget` tokens, except that a sequence longer than the budget travels alone.
-- The per-token arrays of a micro-batch are over its *scored* positions: the row positions whose logits predict
-  a sampled token. Position p scores token p+1 of the row, so the first token of a sequence is never scored
-  (`TrainSample.validate` refuses a record whose first token is marked sampled: a reply follows a prompt).
+- The per-token arrays of a micro-batch are over its *scored* positions: the row positions whose logits
+  predict a sampled token. Position p scores token p+1 of the row, so the first token of a sequence is never
+  scored (`TrainSample.validate` refuses a record whose first token is marked sampled: a reply follows a
+  prompt).
 - `shard` and `split` balance by tokens (largest first onto the lightest bin) and are deterministic.
 """
 from __future__ import annotations
@@ -43,10 +44,12 @@ class TrainSample:
             return
         a = self.advantages
         if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (t.num_tokens,):
+            got = f"{getattr(a, 'dtype', type(a))} {getattr(a, 'shape', '')}"
             raise ValueError(f"trajectory {t.trajectory_id}: advantages must be float32 of shape "
-                             f"({t.num_tokens},), got {getattr(a, 'dtype', type(a))} {getattr(a, 'shape', '')}")
+                             f"({t.num_tokens},), got {got}")
         if not np.all(np.isfinite(a)) or np.any(a[t.loss_mask == 0] != 0):
-            raise ValueError(f"trajectory {t.trajectory_id}: advantages must be finite and 0 off sampled tokens")
+            raise ValueError(f"trajectory {t.trajectory_id}: advantages must be finite and 0 off sampled "
+                             f"tokens")
 
 
 @dataclass
@@ -75,7 +78,7 @@ class MicroBatch:
         return [m for m, _, _ in self.spans]
 
     def gather(self, per_sample: Sequence[np.ndarray]) -> np.ndarray:
-        """This micro-batch's scored entries of per-trajectory arrays [T_i] (e.g. advantages), as float32 [n]."""
+        """This micro-batch's scored entries of per-trajectory arrays [T_i] (e.g. advantages): float32 [n]."""
         out = np.zeros(self.num_scored, dtype=np.float32)
         for m, a, b in self.spans:
             out[a:b] = per_sample[m][self.token_of[a:b]]
@@ -88,7 +91,7 @@ class MicroBatch:
 
 
 def _lpt(sizes: Sequence[int], n_bins: int) -> list[list[int]]:
-    """Longest-processing-time balancing: largest item onto the currently lightest bin; bins keep input order."""
+    """Longest-processing-time first: the largest item onto the lightest bin; bins keep input order."""
     bins: list[list[int]] = [[] for _ in range(n_bins)]
     load = [0] * n_bins
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
@@ -152,17 +155,18 @@ def pack(trajs: Sequence[Trajectory], members: Sequence[int]) -> MicroBatch:
         return np.concatenate(xs) if xs else np.zeros(0, dtype=dtype)
 
     return MicroBatch(input_ids=cat(ids, np.int64), position_ids=cat(pos, np.int64),
-                      score_index=cat(score, np.int64), targets=cat(tgt, np.int64), token_of=cat(t_of, np.int64),
-                      seq_token_count=cat(count, np.float32), spans=spans)
+                      score_index=cat(score, np.int64), targets=cat(tgt, np.int64),
+                      token_of=cat(t_of, np.int64), seq_token_count=cat(count, np.float32), spans=spans)
 
 
 def padding_micro_batch(token_id: int = 0) -> MicroBatch:
-    """A stand-in for a rank that has run out of data while others have not: two tokens, one scored, so that it
-    runs the same forward and backward (ZeRO's collectives line up); its tokens carry no loss weight."""
-    return MicroBatch(input_ids=np.full(2, token_id, dtype=np.int64), position_ids=np.arange(2, dtype=np.int64),
-                      score_index=np.zeros(1, dtype=np.int64), targets=np.full(1, token_id, dtype=np.int64),
-                      token_of=np.ones(1, dtype=np.int64), seq_token_count=np.ones(1, dtype=np.float32),
-                      spans=[], padding=True)
+    """A stand-in for a rank that has run out of data while others have not: two tokens, one scored, so that
+    it runs the same forward and backward (ZeRO's collectives line up); its tokens carry no loss weight."""
+    one = np.ones(1, dtype=np.int64)
+    return MicroBatch(input_ids=np.full(2, token_id, dtype=np.int64),
+                      position_ids=np.arange(2, dtype=np.int64),
+                      score_index=0 * one, targets=token_id * one, token_of=one,
+                      seq_token_count=np.ones(1, dtype=np.float32), spans=[], padding=True)
 
 
 def micro_batches(trajs: Sequence[Trajectory], members: Sequence[int], budget: int,

@@ -85,7 +85,8 @@ def kl_penalty(current: torch.Tensor, reference: torch.Tensor, kl_type: str) -> 
     raise ValueError(f"kl_type: expected one of {KL_TYPES}, got {kl_type!r}")
 
 
-def behaviour_weights(proximal: torch.Tensor, behaviour: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+def behaviour_weights(proximal: torch.Tensor, behaviour: torch.Tensor,
+                      cap: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(truncated weight, raw weight): exp(proximal - behaviour), the truncated one capped at `cap`."""
     raw = torch.exp(proximal - behaviour)
     return torch.clamp(raw, max=cap), raw

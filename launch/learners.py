@@ -18,8 +18,8 @@ from typing import Sequence
 
 from launch.ray_cluster import LOCAL_RAY_ENV
 
-# Ray reads these when it is imported, not when it starts: set after `import ray`, a local Ray listens on every
-# interface and advertises the machine's external address (seen with Ray 2.60). Same defaults as connect().
+# Ray reads these when it is imported, not when it starts: set after `import ray`, a local Ray listens on
+# every interface and advertises the machine's external address (seen with Ray 2.60). As in connect().
 for _key, _value in LOCAL_RAY_ENV.items():
     os.environ.setdefault(_key, _value)
 
@@ -63,8 +63,9 @@ def _all(refs: list) -> list:
 
 class LearnerGroup:
     def __init__(self, model_path: str, dtype: str, learner: LearnerConfig, algorithm: AlgorithmConfig, *,
-                 sampling_temperature: float = 1.0, weights_host: str | None = LOOPBACK, weights_port: int = 0,
-                 weights_chunk_bytes: int = 64 << 20, name: str = "learner", setup_timeout_s: float = 900.0):
+                 sampling_temperature: float = 1.0, weights_host: str | None = LOOPBACK,
+                 weights_port: int = 0, weights_chunk_bytes: int = 64 << 20, name: str = "learner",
+                 setup_timeout_s: float = 900.0):
         """Start `learner.num_ranks` actors and set them up (loads the model; blocks until ready).
         `weights_host` None: no weights publisher (e.g. a benchmark)."""
         self.learner_cfg, self.algorithm = learner, algorithm

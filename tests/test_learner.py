@@ -1,8 +1,8 @@
 """The learner on a real local Ray with DeepSpeed on gloo: it learns a toy task with 2 ranks on ZeRO-2 and on
 ZeRO-3, its ZeRO-3 weights equal a ZeRO-1 run's after the same steps, and a checkpoint resumes exactly.
 
-Sampling is plain torch on a copy of the policy that receives every version over the weights channel, the way a
-generator does (see tests/toy_task.py).
+Sampling is plain torch on a copy of the policy that receives every version over the weights channel, the way
+a generator does (see tests/toy_task.py).
 """
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def test_learns_the_cue_task(ray_local, tiny_model_dir, tiny_tokenizer, stage, s
     was sampled, so the behaviour policy is stale and the importance weights are really at work."""
     from launch.learners import LearnerGroup
 
-    cfg = LearnerConfig(num_ranks=2, zero_stage=stage, lr=1e-2, micro_batch_tokens=256, mini_batches=2, seed=0,
-                        num_cpus_per_rank=CPUS_PER_RANK)
+    cfg = LearnerConfig(num_ranks=2, zero_stage=stage, lr=1e-2, micro_batch_tokens=256, mini_batches=2,
+                        seed=0, num_cpus_per_rank=CPUS_PER_RANK)
     group = LearnerGroup(tiny_model_dir, "float32", cfg, AlgorithmConfig(adv_estimator="grpo"),
                          setup_timeout_s=SETUP_TIMEOUT_S)
     sub = WeightSubscriber(group.weights_endpoint, name="sampler")
@@ -77,22 +77,25 @@ def test_learns_the_cue_task(ray_local, tiny_model_dir, tiny_tokenizer, stage, s
     assert np.mean(rewards[:2]) < 0.3, rewards  # chance is 0.125
     assert np.mean(rewards[-2:]) >= 0.9, rewards
     for m in metrics:
-        assert m["trajectories"] == GROUPS * GROUP_SIZE and m["sampled_tokens"] == GROUPS * GROUP_SIZE * TURNS
-        assert np.isfinite(m["grad_norm"]) and m["grad_norm"] > 0 and m["optimizer_steps"] == 2
-        assert 0 <= m["clip_frac"] <= 1
+        assert m["train/trajectories"] == GROUPS * GROUP_SIZE
+        assert m["train/sampled_tokens"] == GROUPS * GROUP_SIZE * TURNS
+        assert np.isfinite(m["train/grad_norm"]) and m["train/grad_norm"] > 0
+        assert m["train/optimizer_steps"] == 2
+        assert 0 <= m["train/clip_frac"] <= 1
     if not stale:
         for m in metrics:
-            assert m["staleness/0"] == 1.0
+            assert m["train/staleness/0"] == 1.0
             # the sampler's logprobs, from the published weights, match the learner's own to fp32 precision
-            assert abs(m["is_weight_mean"] - 1) < 1e-4 and abs(m["is_weight_max"] - 1) < 1e-3
+            assert abs(m["train/is_weight_mean"] - 1) < 1e-4 and abs(m["train/is_weight_max"] - 1) < 1e-3
     else:
         later = metrics[1:]
-        assert all(m["staleness/1"] == 1.0 for m in later)
-        assert max(m["is_weight_max"] for m in later) > 1.01  # genuinely off-policy
-        assert all(m["staleness/0"] == 0.0 for m in later)
+        assert all(m["train/staleness/1"] == 1.0 for m in later)
+        assert max(m["train/is_weight_max"] for m in later) > 1.01  # genuinely off-policy
+        assert all(m["train/staleness/0"] == 0.0 for m in later)
 
 
-def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path):
+def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_model_dir, tiny_tokenizer,
+                                                              tmp_path):
     """Same seeded batches through ZeRO-1 on one rank and ZeRO-3 on two (GAE with the value head, KL to the
     reference and the entropy bonus all on; one sequence per micro-batch, so the two ranks run different
     numbers of real micro-batches and the short one pads): gathered weights and gradient norms agree. Then a
@@ -141,12 +144,13 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
     for a, b in zip(m_one, m_three):
         for key in ("grad_norm", "policy_loss", "value_loss", "kl_ref", "entropy", "is_weight_mean",
                     "is_weight_max", "truncated_frac"):
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
-        assert a["sampled_tokens"] == b["sampled_tokens"] == 15 * TURNS
-    assert m_one[1]["is_weight_max"] > 1.0 and m_one[1]["value_loss"] > 0
+            assert a[f"train/{key}"] == pytest.approx(b[f"train/{key}"], rel=1e-4, abs=1e-6), key
+        assert a["train/sampled_tokens"] == b["train/sampled_tokens"] == 15 * TURNS
+    assert m_one[1]["train/is_weight_max"] > 1.0 and m_one[1]["train/value_loss"] > 0
 
-    assert list((tmp_path / "learner").glob("*optim_states.pt")) and list((tmp_path / "learner").glob("*model_states.pt"))
+    saved = tmp_path / "learner"
+    assert list(saved.glob("*optim_states.pt")) and list(saved.glob("*model_states.pt"))
     for k in w_next:
         np.testing.assert_allclose(w_again[k], w_next[k], atol=1e-7, err_msg=k)
-    assert m_again["grad_norm"] == pytest.approx(m_next["grad_norm"], rel=1e-6)
-    assert max(float(np.abs(w_next[k] - w_three[k]).max()) for k in w_next) > 1e-4  # the replayed step did move
+    assert m_again["train/grad_norm"] == pytest.approx(m_next["train/grad_norm"], rel=1e-6)
+    assert max(float(np.abs(w_next[k] - w_three[k]).max()) for k in w_next) > 1e-4  # the step did move

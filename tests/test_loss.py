@@ -61,8 +61,9 @@ def test_symmetric_clip_clips_what_clip_higher_lets_through():
     current = proximal + math.log(1.25)
     A = torch.tensor([1.0], dtype=torch.float64)
     sym = LossSettings(clip_eps_low=0.2, clip_eps_high=0.2)
-    assert decoupled_ppo_loss(current, proximal, proximal, A, token_mean(1), sym).loss.item() == pytest.approx(-1.2)
-    assert decoupled_ppo_loss(current, proximal, proximal, A, token_mean(1), S).loss.item() == pytest.approx(-1.25)
+    for settings, expected in ((sym, -1.2), (S, -1.25)):
+        out = decoupled_ppo_loss(current, proximal, proximal, A, token_mean(1), settings)
+        assert out.loss.item() == pytest.approx(expected)
 
 
 def test_stale_behaviour_weights_are_exact_truncated_and_detached():

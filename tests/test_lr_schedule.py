@@ -10,7 +10,8 @@ from core.lr_schedule import lr_multiplier
 
 def test_lr_schedule_by_hand():
     assert [lr_multiplier(i, warmup_steps=4) for i in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    cos = [lr_multiplier(i, warmup_steps=2, schedule="cosine", decay_steps=4, min_ratio=0.1) for i in range(8)]
+    cos = [lr_multiplier(i, warmup_steps=2, schedule="cosine", decay_steps=4, min_ratio=0.1)
+           for i in range(8)]
     assert cos[:3] == [0.5, 1.0, 1.0]
     assert cos[4] == pytest.approx(0.1 + 0.9 * 0.5) and cos[6:] == [pytest.approx(0.1)] * 2
     lin = [lr_multiplier(i, schedule="linear", decay_steps=4) for i in range(6)]

@@ -43,7 +43,7 @@ class CueTask:
     @torch.no_grad()
     def sample(self, model, n_groups: int, group_size: int, version: int, seed: int,
                group_prefix: str = "g") -> list[Trajectory]:
-        """Episodes from `model` (a causal LM on CPU), `group_size` per item; an item fixes the cue sequence."""
+        """Episodes from `model` (a causal LM on CPU), `group_size` per item (an item fixes the cues)."""
         gen = torch.Generator().manual_seed(seed)
         rng = np.random.default_rng(seed)
         b = n_groups * group_size

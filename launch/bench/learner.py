@@ -1,4 +1,4 @@
-"""`python -m launch.bench learner`: training throughput and memory of the learner, ZeRO 1/2/3 with 1 and 2 ranks.
+"""`python -m launch.bench learner`: learner training throughput and memory, ZeRO 1/2/3 with 1 and 2 ranks.
 
 Each configuration starts fresh learner ranks on a local Ray (so that peak memory is its own), runs `--warmup`
 train steps, then times `--steps` train steps on the same synthetic batch: multi-turn records of `--seq-len`
@@ -34,14 +34,16 @@ def resolve_model(path: str) -> Path:
     if not (model / "config.json").is_file():
         raise SystemExit(
             f"bench learner: no model at {model}. Pass --model PATH (a Hugging Face folder: config.json, "
-            f"safetensors, tokenizer), or convert the default SmolLM2-135M-Instruct into the model cache first.")
+            f"safetensors, tokenizer), or convert the default SmolLM2-135M-Instruct into the model cache "
+            f"first.")
     return model
 
 
 def synthetic_batch(n: int, seq_len: int, turns: int, vocab: int, group_size: int = 4):
     batch = []
     for i in range(n):
-        t = make_trajectory(num_tokens=seq_len, num_turns=turns, seed=i, trajectory_id=f"bench-{i}", version=0)
+        t = make_trajectory(num_tokens=seq_len, num_turns=turns, seed=i, trajectory_id=f"bench-{i}",
+                            version=0)
         t.tokens = (t.tokens % vocab).astype(t.tokens.dtype)
         t.group_id = f"group-{i // group_size}"
         t.turn_rewards[-1] = float(i % 2)  # rewards differ within each group: non-zero advantages
@@ -67,16 +69,17 @@ def _measure(model: Path, args, cfg, algorithm, batch, name: str) -> tuple[float
         peak = max(m["rss_mb"] for m in group.peak_memory_mb())
     finally:
         group.shutdown()
-    return setup_s, step_s, peak, metrics["grad_norm"]
+    return setup_s, step_s, peak, metrics["train/grad_norm"]
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launch.bench learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
+    parser = argparse.ArgumentParser(prog="python -m launch.bench learner",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="", help="Hugging Face model folder (default: SmolLM2-135M)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--stages", default="1,2,3", help="ZeRO stages, comma-separated")
     parser.add_argument("--ranks", default="1,2", help="learner rank counts, comma-separated")
-    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="CPUs shared out among the ranks")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="CPUs shared by the ranks")
     parser.add_argument("--seqs", type=int, default=4, help="sequences per batch")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
     parser.add_argument("--turns", type=int, default=4, help="agent turns per sequence")
@@ -114,14 +117,16 @@ def main(argv: list[str]) -> int:
                         micro_batch_tokens=args.micro_batch_tokens, seed=0),
                     AlgorithmConfig(adv_estimator="grpo"), batch, f"bench-z{stage}-r{ranks}")
             except Exception as exc:  # e.g. a rank killed for memory: the other configurations still count
-                rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, "failed", type(exc).__name__, "", "", "", ""])
+                rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, "failed", type(exc).__name__]
+                            + [""] * 4)
                 bar.write(f"ZeRO-{stage} with {ranks} rank(s) failed: {str(exc).splitlines()[0][:200]}")
                 continue
             tps = batch_tokens / step_s
             base = base or tps
             figures[f"tokens_per_s_zero{stage}_{ranks}rank"] = tps
             figures[f"peak_mb_zero{stage}_{ranks}rank"] = peak
-            rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, setup_s, step_s, tps, tps / base, peak, grad_norm])
+            rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, setup_s, step_s, tps, tps / base, peak,
+                         grad_norm])
             bar.write(table(headers, rows[-1:]).splitlines()[-1])
     finally:
         shutdown()
