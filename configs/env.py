@@ -52,6 +52,16 @@ class SearchConfig:
     """Passages returned per search."""
     end_on_wrong_answer: bool = spec(True)
     """End the episode on a wrong answer (the reference lets the agent keep guessing: set false for that)."""
+    parse_mode: str = spec("strict", choices=PARSE_MODES)
+    """`strict`: the first closed `<search>`/`<answer>` tag pair (the reference's rule). `lenient`: also any
+    letter case, and a last tag left unclosed at the end of the reply."""
+    cache_dir: str = spec("")
+    """Where the offline corpus, the generated QA set and BM25 indexes are written; empty means
+    ~/.cache/agentgym-rl/searchqa."""
+    timeout_s: float = spec(30.0, gt=0)
+    """HTTP timeout of one request to a remote retrieval server."""
+    max_envs_per_actor: int = spec(256, ge=1)
+    """Upper bound on Search envs in one env-pool actor (they share the process's one retriever)."""
 
 
 @dataclass
@@ -68,6 +78,13 @@ class WebArenaConfig:
     """Model name sent to the judge endpoint."""
     storage_state_dir: str = spec("")
     """Folder of saved Playwright login states (<site>_state.json)."""
+    parse_mode: str = spec("strict", choices=PARSE_MODES)
+    """`strict`: the first ```...``` block of the reply (the reference's rule). `lenient`: the last block, or
+    without one the last line starting with an action keyword."""
+    action_timeout_ms: float = spec(30000.0, gt=0)
+    """Timeout of one browser action or page load, and of each page an evaluator opens."""
+    settle_ms: float = spec(50.0, ge=0)
+    """Pause after each action before checking whether it started a page load (which is then waited for)."""
 
 
 @dataclass
@@ -78,6 +95,9 @@ class HTTPEnvConfig:
     """The task family that server hosts (item ids are `<task>_<n>`)."""
     timeout_s: float = spec(60.0, gt=0)
     """HTTP timeout per request."""
+    parse_mode: str = spec("strict", choices=PARSE_MODES)
+    """How the client extracts the action it sends: `strict` (the reference clients' rules) or `lenient` (also
+    the last available action named anywhere, for babyai and textcraft servers)."""
 
 
 @dataclass

@@ -23,6 +23,11 @@ class LearnerConfig:
     """Linear warmup steps."""
     lr_schedule: str = spec("constant", choices=("constant", "cosine", "linear"))
     """Decay after warmup."""
+    lr_decay_steps: int = spec(0, ge=0)
+    """Optimizer steps from the end of warmup to the end of the decay (cosine, linear); the learning rate
+    stays at its floor afterwards. Required (> 0) when lr_schedule decays."""
+    min_lr_ratio: float = spec(0.0, ge=0, le=1)
+    """Floor of the decay, as a fraction of the peak learning rate."""
     weight_decay: float = spec(0.0, ge=0)
     """AdamW weight decay."""
     betas: list[float] = spec([0.9, 0.999])
@@ -37,8 +42,19 @@ class LearnerConfig:
     """Optimizer steps per pass (the batch is split into this many mini-batches)."""
     gradient_checkpointing: bool = spec(False)
     """Recompute activations in backward to save memory."""
+    attn_implementation: str = spec("sdpa", choices=("sdpa", "eager", "flash_attention_2"))
+    """Attention kernel. Micro-batches are packed rows whose position ids restart per sequence; sdpa and
+    flash_attention_2 (GPU) keep packed sequences apart from those ids."""
     seed: int = spec(0, ge=0)
     """Learner seed."""
+
+    def validate(self) -> list[tuple[str, str]]:
+        errors = []
+        if self.lr_schedule != "constant" and self.lr_decay_steps == 0:
+            errors.append(("lr_decay_steps", f"expected > 0 with lr_schedule={self.lr_schedule}"))
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            errors.append(("betas", f"expected two values in [0, 1), got {list(self.betas)}"))
+        return errors
 
 
 @dataclass
@@ -71,9 +87,9 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = spec(True)
     """GRPO: divide group-centred rewards by the group's std."""
     gamma: float = spec(1.0, ge=0, le=1)
-    """Discount over turns (REINFORCE++, GAE)."""
+    """Discount over turns (REINFORCE++, GAE); tokens of one reply are never discounted against each other."""
     lam: float = spec(1.0, ge=0, le=1)
-    """GAE lambda."""
+    """GAE lambda, applied between turns like gamma."""
     clip_eps_low: float = spec(0.2, ge=0)
     """PPO ratio clip below 1 (current over proximal)."""
     clip_eps_high: float = spec(0.28, ge=0)

@@ -32,6 +32,7 @@ class ItemSampler:
             raise ValueError("the env mix has no env with a weight > 0")
         self.seed = seed
         self._streams = {env: _Stream(list(items[env])) for env in self.weights}
+        self.items = {env: self._streams[env].items for env in self.weights}
         self._order = {env: self._shuffled(env, 0) for env in self.weights}
         self._rng = random.Random(_seed(seed, "mix"))
         self.drawn = 0

@@ -26,6 +26,19 @@ command -v "$PY" >/dev/null || PY=python3
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || {
   echo "install.sh: Python 3.11 is required (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2; exit 2; }
 
+# WebArena drives Debian's chromium through Playwright (`playwright install` cannot download browsers offline).
+# Installed with apt only when missing; without it every other env family still works.
+if [ ! -x /usr/bin/chromium ]; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "install.sh: installing chromium with apt (for the WebArena env)"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null \
+      || echo "install.sh: warning: apt-get install chromium failed; the WebArena env will not run" >&2
+  else
+    echo "install.sh: warning: /usr/bin/chromium is missing (as root: apt-get update && apt-get install -y" \
+         "chromium); the WebArena env needs it" >&2
+  fi
+fi
+
 STAMP_SRC=$(cat pyproject.toml launch/install.sh; echo "$FLAVOR")
 STAMP=$(printf '%s' "$STAMP_SRC" | sha256sum | cut -c1-16)
 if [ -f "$VENV/.agentgym-installed" ] && [ "$(cat "$VENV/.agentgym-installed")" = "$STAMP" ]; then
@@ -75,6 +88,17 @@ if [ "$FLAVOR" = gpu ]; then
   retry pip_ install -q --no-build-isolation "$(printf '%s\n' "${EXTRA[@]}" | grep '^flash-attn')"
 else
   retry pip_ install -q "${BASE[@]}" "${EXTRA[@]}" "${TEST[@]}"
+fi
+if [ "$FLAVOR" = cpu ]; then
+  # DeepSpeed on CPU compiles its shared-memory collective op on the first init_distributed (40-80 s, once per
+  # machine, into ~/.cache/torch_extensions). Building it into the install keeps that out of the first run and
+  # out of CI's test time. The build imports torch, hence no build isolation; no cache, so that a wheel built
+  # without the op is not reused.
+  DEEPSPEED=$(printf '%s\n' "${BASE[@]}" | grep '^deepspeed==')
+  DS_BUILD_SHM_COMM=1 retry pip_ install -q --no-deps --no-build-isolation --no-cache-dir --force-reinstall \
+    "$DEEPSPEED"
+  "$VENV/bin/python" -c 'from deepspeed.git_version_info import installed_ops as o; assert o["deepspeed_shm_comm"]' \
+    2>/dev/null || echo "install.sh: warning: DeepSpeed's shm op was not prebuilt; it will compile on first use" >&2
 fi
 retry pip_ install -q --no-deps "${NODEPS[@]}"
 pip_ uninstall -y -q "${REMOVE[@]}" 2>/dev/null || true

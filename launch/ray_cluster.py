@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 
 # A local Ray must stay on loopback, and a local ray.init must not write an auth token that later breaks
-# `ray start` / `ray job submit`. Both are environment settings read when Ray starts its processes.
+# `ray start` / `ray job submit`. Ray reads these when it is imported: launch/__init__.py sets them before
+# any launch module imports Ray; connect() sets them again for callers from elsewhere.
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 

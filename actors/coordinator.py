@@ -1,0 +1,226 @@
+"""The coordinator: admits episodes, assembles groups, trains, publishes weights, logs and checkpoints.
+
+What must hold:
+- Generation never waits for a full rollout round and training never waits for stragglers beyond the batch:
+  episodes run as independent tasks on the env pools; a batch is the first `groups_per_step` groups to
+  complete. The only couplings are the staleness gate (core.staleness: admission and the freshness filter)
+  and the horizon, `schedule.horizon_at(step)`, fixed for each group when it starts.
+- eta = 0 is the synchronous mode with the same code: one batch is admitted per policy version, so generation
+  is idle while the learner trains.
+- Ids: group `g<counter>-<item>`, trajectory `<group>.a<incarnation>.s<sample>`; the incarnation counts
+  resumes, so no id repeats across a crash. A group is trained at most once: its id goes into the lineage
+  log `trained.jsonl` with the step that trained it, and a resumed run truncates that log to its checkpoint.
+- Groups started but not trained when a checkpoint is written are regenerated after a resume, before new
+  draws; the sampler's cursor continues exactly.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from actors.group_buffer import GroupBuffer, GroupInfo
+from core.horizon import HorizonSchedule
+from core.metrics import rollout_metrics
+from core.rollout import EpisodeSpec
+from core.sampler import ItemSampler
+from core.staleness import StalenessGate
+from core.trajectory import Trajectory
+
+log = logging.getLogger("agentgym.coordinator")
+
+
+@dataclass
+class RunState:
+    """What the coordinator checkpoints (with the sampler's and the gate's own state)."""
+
+    step: int = 0
+    version: int = 0
+    next_group: int = 0
+    incarnation: int = 0
+    pending: list[dict] = field(default_factory=list)  # groups started, not trained: regenerated on resume
+    counters: dict[str, float] = field(default_factory=dict)
+    wandb_run_id: str = ""
+
+
+class Coordinator:
+    def __init__(self, *, pools: Any, learners: Any, receiver: Any, sampler: ItemSampler, gate: StalenessGate,
+                 schedule: HorizonSchedule, group_size: int, total_steps: int, max_in_flight: int,
+                 on_step: Callable[[int, dict[str, float], list[GroupInfo]], None],
+                 should_checkpoint: Callable[[int], bool], save: Callable[[RunState], None],
+                 state: RunState | None = None, ack_timeout_s: float = 300.0,
+                 on_group_started: Callable[[GroupInfo], None] | None = None):
+        self.pools, self.learners, self.receiver = pools, learners, receiver
+        self.sampler, self.gate, self.schedule = sampler, gate, schedule
+        self.group_size, self.total_steps, self.max_in_flight = group_size, total_steps, max_in_flight
+        self.on_step, self.should_checkpoint, self.save = on_step, should_checkpoint, save
+        self.state = state or RunState()
+        self.ack_timeout_s = ack_timeout_s
+        self.on_group_started = on_group_started
+        self.buffer = GroupBuffer(group_size)
+        self.stop_requested = False
+        self._regenerate = list(self.state.pending)
+        self._episodes: set[asyncio.Task] = set()
+        self._arrived: asyncio.Queue | None = None
+        self._gen_tokens = 0.0
+        self._received = 0
+        self._fatal: BaseException | None = None
+
+    # -- admission --------------------------------------------------------------------------------------------
+
+    def _start_group(self) -> None:
+        step, state = self.state.step, self.state
+        if self._regenerate:
+            old = self._regenerate.pop(0)
+            group_id, item_id, draw = old["group_id"], old["item_id"], old["draw"]
+        else:
+            item_id, draw = self.sampler.next_item(), self.sampler.drawn - 1
+            group_id = f"g{state.next_group:07d}-{item_id}"
+            state.next_group += 1
+        info = GroupInfo(group_id, item_id, self.schedule.horizon_at(step), step, state.version, draw,
+                         attempt=state.incarnation)
+        self.buffer.start(info)
+        self.gate.on_started()
+        if self.on_group_started is not None:
+            self.on_group_started(info)
+        for i in range(self.group_size):
+            spec = EpisodeSpec(trajectory_id=f"{group_id}.a{info.attempt}.s{i}", item_id=item_id, group_id=group_id,
+                               sample_index=i, horizon=info.horizon)
+            task = asyncio.ensure_future(self._episode(spec))
+            self._episodes.add(task)
+            task.add_done_callback(self._episodes.discard)
+
+    async def _episode(self, spec: EpisodeSpec) -> None:
+        try:
+            summary = await self.pools.run(spec)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the pools cannot run episodes at all (e.g. every actor dead): stop the run
+            self._fatal = self._fatal or exc
+            return
+        if summary.termination == "lost" or not summary.sent:
+            if self.buffer.discard(spec.group_id, "lost" if summary.termination == "lost" else "unsent"):
+                self.gate.on_discarded()
+
+    def _admit(self) -> None:
+        room = min(self.gate.capacity(self.state.version), self.max_in_flight - self.buffer.in_flight)
+        for _ in range(max(0, room)):
+            self._start_group()
+
+    # -- trajectories -----------------------------------------------------------------------------------------
+
+    def _pump(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
+        """Receiver thread: ZMQ -> the event loop (the socket is used by this thread only)."""
+        while not stop.is_set():
+            traj = self.receiver.recv(100)
+            if traj is not None:
+                loop.call_soon_threadsafe(self._arrived.put_nowait, traj)
+
+    def _file(self, traj: Trajectory) -> None:
+        self._received += 1
+        self._gen_tokens += traj.metrics.get("gen_tokens", 0.0)
+        if self.buffer.add(traj) == "discarded":
+            self.gate.on_discarded()
+
+    def _fresh_batch(self) -> list[GroupInfo] | None:
+        """The next `groups_per_step` complete groups that pass the freshness filter, or None if not yet."""
+        while len(self.buffer.ready) >= self.gate.groups_per_step:
+            batch = self.buffer.take(self.gate.groups_per_step)
+            stale = [g for g in batch if not all(self.gate.is_fresh(t.oldest_version(), self.state.version)
+                                                 for t in g.samples)]
+            for g in stale:
+                self.gate.on_dropped_stale()
+                self.buffer.discarded["stale"] += 1
+            fresh = [g for g in batch if g not in stale]
+            if len(fresh) == len(batch):
+                return batch
+            self.buffer.ready.extendleft(reversed(fresh))
+        return None
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+
+    async def run(self) -> RunState:
+        loop = asyncio.get_running_loop()
+        self._arrived = asyncio.Queue()
+        stop = threading.Event()
+        pump = threading.Thread(target=self._pump, args=(loop, stop), name="trajectory-pump", daemon=True)
+        pump.start()
+        try:
+            if self.state.version > 0:  # a resumed run: generators start from the base weights
+                await self._publish()
+            waited_since = time.monotonic()
+            while self.state.step < self.total_steps and not self.stop_requested:
+                if self._fatal is not None:
+                    raise RuntimeError(f"the env pools failed: {self._fatal!r}") from self._fatal
+                self._admit()
+                try:
+                    self._file(await asyncio.wait_for(self._arrived.get(), timeout=0.5))
+                    while not self._arrived.empty():
+                        self._file(self._arrived.get_nowait())
+                except asyncio.TimeoutError:
+                    pass
+                batch = self._fresh_batch()
+                if batch is None:
+                    continue
+                wait_s = time.monotonic() - waited_since
+                await self._train(batch, wait_s)
+                waited_since = time.monotonic()
+                if self.should_checkpoint(self.state.step):
+                    await asyncio.to_thread(self.save, self.snapshot())
+            return self.state
+        finally:
+            stop.set()
+            for task in list(self._episodes):
+                task.cancel()
+            await asyncio.gather(*self._episodes, return_exceptions=True)
+            pump.join(timeout=5)
+
+    async def _publish(self) -> float:
+        started = time.monotonic()
+        info = await asyncio.to_thread(self.learners.publish_weights)
+        acks = await asyncio.to_thread(self.learners.wait_acks, info["version"], self.ack_timeout_s)
+        failed = {name: err for name, (ok, err) in acks.items() if not ok}
+        if failed:
+            raise RuntimeError(f"generators failed to apply weights version {info['version']}: {failed}")
+        self.state.version = info["version"]
+        return time.monotonic() - started
+
+    async def _train(self, batch: list[GroupInfo], wait_s: float) -> None:
+        trajs = [t for g in batch for t in sorted(g.samples, key=lambda t: t.sample_index)]
+        metrics = rollout_metrics(trajs, version=self.state.version)
+        started = time.monotonic()
+        train = await asyncio.to_thread(self.learners.train_step, trajs)
+        train_s = time.monotonic() - started
+        publish_s = await self._publish()
+        self.state.step += 1
+        step_s = wait_s + train_s + publish_s
+        metrics.update(train)
+        metrics.update({
+            "perf/step_seconds": step_s, "perf/train_seconds": train_s, "perf/publish_seconds": publish_s,
+            "perf/learner_idle_frac": wait_s / step_s if step_s else 0.0,
+            "perf/gen_tokens_per_s": self._gen_tokens / step_s if step_s else 0.0,
+            "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / train_s if train_s else 0.0,
+            "staleness/dropped_groups": float(self.gate.dropped_stale),
+            "staleness/dropped_frac": self.gate.dropped_stale / max(1, self.gate.started),
+            "rollout/groups_in_flight": float(self.buffer.in_flight),
+            "rollout/orphans": float(self.buffer.orphans),
+            "rollout/data_cursor": float(self.sampler.drawn),
+            "policy/version": float(self.state.version),
+        })
+        for reason, count in self.buffer.discarded.items():
+            metrics[f"rollout/discarded_groups/{reason}"] = float(count)
+        self._gen_tokens = 0.0
+        self.on_step(self.state.step, metrics, batch)
+
+    def snapshot(self) -> RunState:
+        """The state to checkpoint now: groups in flight or waiting are regenerated after a resume."""
+        pending = [{"group_id": g.group_id, "item_id": g.item_id, "draw": g.draw}
+                   for g in list(self.buffer.open.values()) + list(self.buffer.ready)]
+        pending += [p for p in self._regenerate if p["group_id"] not in {q["group_id"] for q in pending}]
+        self.state.pending = pending
+        self.state.counters = {"gate_started": float(self.gate.started), "orphans": float(self.buffer.orphans),
+                               **{f"discarded_{k}": float(v) for k, v in self.buffer.discarded.items()}}
+        return self.state

@@ -1,0 +1,206 @@
+"""The env pool: runs whole episodes in a fixed number of concurrent slots and ships their trajectories.
+
+A plain class; launch/pools.py makes it a Ray actor. It is passive: the coordinator (through the supervisor)
+decides what runs and when by calling `run(spec)`.
+
+What must hold:
+- At most `slots_per_actor` episodes run at once (asyncio); a family's `max_instances_per_actor(family_cfg)`
+  hook, when present, caps its live envs and concurrent episodes further. Blocking envs run off the event loop
+  (ThreadedEnv); env construction runs in a worker thread too.
+- Envs are reused across episodes, per family. An env whose episode ended in `env_error` or `env_timeout` is
+  closed (bounded by a timeout: a hung env thread is abandoned, never awaited forever) and replaced by a fresh
+  one on next use; the counts show in `stats()` as `env/<family>/errors`, `.../timeouts`, `.../replaced`.
+- An env that cannot even be built ends its episode as `env_error` like one that raises in reset.
+- Each trajectory is sent on the ZMQ channel from one dedicated thread (sockets are not thread-safe); the slot
+  stays held until the send completes, so a slow consumer slows the pool without blocking its event loop and
+  without trajectories piling up in memory. A send that times out is counted and logged, never silent.
+- `run` returns a small EpisodeSummary; it never raises for env or policy failures.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable
+
+from actors.episode_summary import EpisodeSummary
+from core.chat import ChatFormat
+from core.env import Env, Observation, StepResult
+from core.policy import Policy
+from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
+from core.trajectory import Termination, Trajectory
+from core.transport import TrajectorySender
+from environments.item_sampler import family_of
+from environments.registry import get_family, make_env
+
+log = logging.getLogger("agentgym.env_pool")
+
+ENV_CLOSE_TIMEOUT_S = 10.0
+REPLACE = (Termination.ENV_ERROR, Termination.ENV_TIMEOUT)
+
+
+class _Unbuildable(Env):
+    """Stands in for an env whose construction raised, so the episode ends as env_error the usual way."""
+
+    def __init__(self, family: str, error: BaseException):
+        self.family = family
+        self.error = error
+
+    async def reset(self, item_id: str) -> Observation:
+        raise RuntimeError(f"could not create a {self.family} env: {self.error!r}")
+
+    async def step(self, text: str) -> StepResult:
+        raise RuntimeError(f"could not create a {self.family} env: {self.error!r}")
+
+
+class EnvPool:
+    def __init__(self, env_cfg: Any, policy: Policy, tokenizer_dir: str, limits: EpisodeLimits,
+                 trajectory_endpoint: str | None, name: str = "", send_timeout_s: float | None = 600.0,
+                 env_factory: Callable[[str, Any], Env] | None = None,
+                 close_timeout_s: float = ENV_CLOSE_TIMEOUT_S):
+        """`env_cfg` is the `env` config section; `policy` a picklable core.policy.Policy; the tokenizer in
+        `tokenizer_dir` renders the chat; `trajectory_endpoint` the coordinator's receiver (None: nothing is
+        sent, for local use); `env_factory(family, env_cfg)` replaces the registry (tests use it)."""
+        from transformers import AutoTokenizer  # heavy: only where a pool really starts
+
+        self.name = name or f"envpool-{os.getpid()}"
+        self.incarnation = uuid.uuid4().hex[:12]  # changes when Ray restarts this actor
+        self.env_cfg = env_cfg
+        self.policy = policy
+        self.limits = dataclasses.replace(limits, step_timeout_s=env_cfg.step_timeout_s,
+                                          reset_timeout_s=env_cfg.reset_timeout_s)
+        self.chat = ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir))
+        self._factory = env_factory or make_env
+        self._close_timeout_s = close_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None  # semaphores belong to one event loop
+        self._slots = asyncio.Semaphore(env_cfg.slots_per_actor)
+        self._family_slots: dict[str, asyncio.Semaphore] = {}
+        self._idle: dict[str, list[Env]] = collections.defaultdict(list)
+        self._send_timeout_ms = None if send_timeout_s is None else int(send_timeout_s * 1000)
+        self._send_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trajectory-send")
+        # The socket is created, used and closed on the send thread only. Its routing id names the incarnation:
+        # a restarted actor reusing its predecessor's id would be refused by the receiver's ROUTER socket.
+        sender_id = f"{self.name}-{self.incarnation}"
+        self._sender = self._send_thread.submit(TrajectorySender, trajectory_endpoint, sender_id).result() \
+            if trajectory_endpoint else None
+        self._counters: dict[str, float] = collections.defaultdict(float)
+        self.in_flight = 0
+
+    # -- episodes ----------------------------------------------------------------------------------------
+    async def run(self, spec: EpisodeSpec) -> EpisodeSummary:
+        """Run one episode in a free slot, send its trajectory, and return its summary."""
+        family = family_of(spec.item_id, self.env_cfg)
+        self._bind_loop()
+        async with self._family_slot(family):  # waiting for a family's instance holds no slot
+            await self._slots.acquire()
+            self.in_flight += 1
+            try:
+                env = self._idle[family].pop() if self._idle[family] else await self._build(family)
+                traj = await run_episode(env, self.policy, self.chat, spec, self.limits)
+                await self._settle(family, env, traj)
+            except BaseException:
+                self.in_flight -= 1
+                self._slots.release()
+                raise
+        try:
+            sent = await self._send(traj)  # the slot is held until the channel took it: backpressure
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
+        return EpisodeSummary.of(traj, self.name, sent)
+
+    def _bind_loop(self) -> None:
+        """A Ray actor has one loop for life; in-process users (tests, benches) may run one loop after another."""
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self.in_flight:
+            raise RuntimeError(f"{self.name}: used from two event loops at once")
+        self._loop = loop
+        self._slots = asyncio.Semaphore(self.env_cfg.slots_per_actor)
+        self._family_slots = {}
+
+    def _family_slot(self, family: str) -> asyncio.Semaphore:
+        if family not in self._family_slots:
+            cap = get_family(family).extras.get("max_instances_per_actor")
+            limit = self.env_cfg.slots_per_actor
+            if cap is not None:
+                limit = max(1, min(limit, int(cap(getattr(self.env_cfg, family)))))
+            self._family_slots[family] = asyncio.Semaphore(limit)
+        return self._family_slots[family]
+
+    async def _build(self, family: str) -> Env:
+        self._counters[f"env/{family}/created"] += 1
+        try:
+            return await asyncio.to_thread(self._factory, family, self.env_cfg)
+        except Exception as exc:
+            log.error("%s: building a %s env failed: %r", self.name, family, exc)
+            return _Unbuildable(family, exc)
+
+    async def _settle(self, family: str, env: Env, traj: Trajectory) -> None:
+        c, m = self._counters, traj.metrics
+        c[f"env/{family}/episodes"] += 1
+        c[f"env/{family}/successes"] += m.get("success", 0.0)
+        c[f"env/{family}/turns"] += traj.num_turns
+        c[f"env/{family}/reward"] += traj.total_reward
+        c[f"env/{family}/env_seconds"] += m.get("env_seconds", 0.0)
+        c[f"env/{family}/valid_actions"] += m.get("valid_actions", 0.0)
+        c["pool/gen_seconds"] += m.get("gen_seconds", 0.0)
+        c["pool/episode_seconds"] += m.get("episode_seconds", 0.0)
+        c[f"pool/termination/{traj.termination.value}"] += 1
+        if traj.termination not in REPLACE:
+            self._idle[family].append(env)
+            return
+        c[f"env/{family}/{'errors' if traj.termination is Termination.ENV_ERROR else 'timeouts'}"] += 1
+        c[f"env/{family}/replaced"] += 1
+        log.warning("%s: %s env ended %s in %s; replacing it", self.name, family, traj.termination.value,
+                    traj.trajectory_id)
+        try:
+            await asyncio.wait_for(env.close(), self._close_timeout_s)
+        except Exception as exc:  # a hung or broken env: abandon it, it is out of the pool already
+            c[f"env/{family}/close_failures"] += 1
+            log.warning("%s: closing a broken %s env failed: %r", self.name, family, exc)
+
+    async def _send(self, traj: Trajectory) -> bool:
+        if self._sender is None:
+            return False
+        t0 = time.monotonic()
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._send_thread, self._sender.send, traj, self._send_timeout_ms)
+        except TimeoutError as exc:
+            self._counters["pool/send_timeouts"] += 1
+            log.error("%s: trajectory %s not sent: %s", self.name, traj.trajectory_id, exc)
+            return False
+        self._counters["pool/sent"] += 1
+        self._counters["pool/send_seconds"] += time.monotonic() - t0
+        return True
+
+    # -- introspection -----------------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        out = dict(self._counters)
+        out["pool/in_flight"] = float(self.in_flight)
+        out["pool/cpu_seconds"] = time.process_time()  # this process, all threads: load-independent cost
+        for family, envs in self._idle.items():
+            out[f"env/{family}/idle"] = float(len(envs))
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "incarnation": self.incarnation, "pid": os.getpid()}
+
+    async def close(self) -> None:
+        for envs in self._idle.values():
+            for env in envs:
+                try:
+                    await asyncio.wait_for(env.close(), self._close_timeout_s)
+                except Exception as exc:
+                    log.warning("%s: closing an env failed: %r", self.name, exc)
+            envs.clear()
+        if self._sender is not None:
+            await asyncio.get_running_loop().run_in_executor(self._send_thread, self._sender.close)
+        self._send_thread.shutdown(wait=False)

@@ -1,0 +1,329 @@
+"""One learner rank: a DeepSpeed ZeRO engine that trains the policy with decoupled PPO.
+
+A plain class; launch/learners.py makes one Ray actor per data-parallel rank. Lifecycle: `free_port` (rank 0,
+for the rendezvous) -> `setup` on every rank at once -> `train_step` / `publish_weights` / `save_checkpoint` /
+`load_checkpoint`, called on every rank with the same arguments except the batch shard.
+
+What must hold:
+- Every rank runs the same collectives in the same order: before each pass the ranks agree (all-reduce max)
+  on the number of micro-batches, and a rank that runs short packs padding micro-batches.
+- Before any update of a train step, the proximal logprobs of every sampled token are recomputed with the
+  weights as they are then, under no_grad, and stay fixed for all the step's mini-batches and epochs.
+- The loss of a mini-batch is its mean over all ranks' tokens (or sequences): token weights are normalised by
+  global totals, and scaled by the world size because DeepSpeed averages gradients over ranks.
+- `version` counts completed train steps (plus the version loaded from a checkpoint); weights published as
+  version v are the weights after v train steps. Rank 0 alone publishes; every rank takes part in gathering.
+- A checkpoint (DeepSpeed's format: model, optimizer, LR scheduler, plus the version) is written by every rank
+  into one directory, which must be shared storage when ranks live on different nodes.
+"""
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from actors import zero_engine
+from configs.learner import AlgorithmConfig, LearnerConfig
+from core import advantages as adv
+from core.batching import MicroBatch, TrainSample, count_micro_batches, micro_batches, split
+from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, decoupled_ppo_loss, finish_stats
+from core.lr_schedule import lr_multiplier
+from core.token_scorer import Scores, TokenScorer, policy_state_names
+from core.weights_channel import TensorBytes, WeightPublisher
+
+log = logging.getLogger("agentgym.learner")
+
+CHECKPOINT_TAG = "learner"
+STALENESS_BUCKETS = 8  # staleness/0 .. staleness/7, then staleness/8+ (and staleness/ahead, never expected)
+
+
+class Learner:
+    def __init__(self, rank: int, world_size: int, model_path: str, dtype: str, learner: LearnerConfig,
+                 algorithm: AlgorithmConfig, sampling_temperature: float = 1.0):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside [0, {world_size})")
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype!r}")
+        self.rank, self.world_size = rank, world_size
+        self.model_path, self.dtype = str(model_path), dtype
+        self.cfg, self.algo = learner, algorithm
+        self.sampling_temperature = sampling_temperature
+        self.settings = LossSettings(
+            clip_eps_low=algorithm.clip_eps_low, clip_eps_high=algorithm.clip_eps_high,
+            behaviour_weight_cap=algorithm.behaviour_weight_cap, entropy_coef=algorithm.entropy_coef,
+            kl_coef=algorithm.kl_coef, kl_type=algorithm.kl_type, value_clip=algorithm.value_clip,
+            value_coef=algorithm.value_coef)
+        self.version = 0
+        self.updates = 0
+        self.engine = None
+        self.reference = None
+        self.publisher: WeightPublisher | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+
+    def free_port(self, host: str) -> int:
+        return zero_engine.free_port(host)
+
+    def setup(self, master_addr: str, master_port: int, weights_host: str | None = None,
+              weights_port: int = 0, weights_chunk_bytes: int = 64 << 20) -> dict:
+        """Join the process group, load the model into a ZeRO engine, and (rank 0, if `weights_host` is given)
+        bind the weights publisher. Every rank must call this at the same time."""
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        use_gpu = self.cfg.num_gpus_per_rank > 0
+        if not use_gpu:  # as many threads as CPUs reserved, and one for a fractional reservation
+            torch.set_num_threads(max(1, int(self.cfg.num_cpus_per_rank)))
+        self.device = zero_engine.init_process_group(self.rank, self.world_size, master_addr, master_port,
+                                                     use_gpu)
+        torch.manual_seed(self.cfg.seed)
+        torch_dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+        policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype,
+                                                      attn_implementation=self.cfg.attn_implementation)
+        if self.cfg.gradient_checkpointing:
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.config.use_cache = False
+        scorer = TokenScorer(policy, with_value_head=self.algo.adv_estimator == "gae",
+                             temperature=self.sampling_temperature).to(torch_dtype)
+        self._policy_tensors = policy_state_names(scorer)  # names taken before ZeRO partitions anything
+
+        decay = [p for p in scorer.parameters() if p.ndim >= 2]
+        no_decay = [p for p in scorer.parameters() if p.ndim < 2]
+        # fused: one kernel over each flat ZeRO partition, without the full-size temporaries of the plain loop
+        # (a 135M model peaked 1 GB lower on CPU, and stepped a little faster)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.cfg.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.cfg.lr, betas=tuple(self.cfg.betas), fused=True)
+        c = self.cfg
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_multiplier(
+            i, warmup_steps=c.warmup_steps, schedule=c.lr_schedule, decay_steps=c.lr_decay_steps,
+            min_ratio=c.min_lr_ratio))
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=scorer, optimizer=optimizer, lr_scheduler=schedule,
+            config=zero_engine.deepspeed_config(c.zero_stage, self.dtype, c.grad_clip))
+        if self.algo.kl_coef > 0:
+            ref_policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype,
+                                                              attn_implementation=c.attn_implementation)
+            ref = TokenScorer(ref_policy, temperature=self.sampling_temperature).to(torch_dtype).eval()
+            ref.requires_grad_(False)
+            if c.zero_stage == 3:
+                ref, *_ = deepspeed.initialize(model=ref, config=zero_engine.inference_config(3, self.dtype))
+            else:
+                ref = ref.to(self.device)
+            self.reference = ref
+        if self.rank == 0 and weights_host is not None:
+            self.publisher = WeightPublisher(weights_host, weights_port, chunk_bytes=weights_chunk_bytes)
+        n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in scorer.parameters())
+        return {"rank": self.rank, "parameters": n_params, "weights_endpoint": self.weights_endpoint()}
+
+    def weights_endpoint(self) -> str | None:
+        return self.publisher.endpoint if self.publisher is not None else None
+
+    # -- training -------------------------------------------------------------------------------------------
+
+    def _agree(self, values: Sequence[float], op: str) -> list[float]:
+        return zero_engine.all_reduce(values, op, self.device)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def _run(self, model, mb: MicroBatch, with_entropy: bool) -> Scores:
+        t = self._tensor
+        return Scores.of(model(t(mb.input_ids), t(mb.position_ids), t(mb.score_index), t(mb.targets),
+                               with_entropy=with_entropy))
+
+    def _plan(self, trajs, members: Sequence[int]) -> list[MicroBatch]:
+        """Micro-batches of `members`, padded to the count every rank agrees on."""
+        local = count_micro_batches(trajs, members, self.cfg.micro_batch_tokens)
+        agreed = int(self._agree([local], "max")[0])
+        return micro_batches(trajs, members, self.cfg.micro_batch_tokens, at_least=agreed)
+
+    def _proximal_pass(self, trajs) -> tuple[list[np.ndarray], list[np.ndarray] | None,
+                                              list[np.ndarray] | None, float]:
+        """Proximal logprobs [T] per trajectory (and values, reference logprobs), with today's weights, no
+        grad. Returns the entropy summed over sampled tokens too (a metric of the proximal policy)."""
+        def zeros() -> list[np.ndarray]:
+            return [np.zeros(t.num_tokens, np.float32) for t in trajs]
+
+        proximal = zeros()
+        values = zeros() if self.algo.adv_estimator == "gae" else None
+        reference = zeros() if self.reference is not None else None
+        entropy_sum = 0.0
+        with torch.no_grad():
+            for mb in self._plan(trajs, list(range(len(trajs)))):
+                out = self._run(self.engine, mb, with_entropy=True)
+                if self.reference is not None:
+                    ref = self._run(self.reference, mb, with_entropy=False)
+                if mb.padding:
+                    continue
+                mb.scatter(out.logprobs.float().cpu().numpy(), proximal)
+                entropy_sum += float(out.entropy.float().sum())
+                if values is not None:
+                    mb.scatter(out.values.float().cpu().numpy(), values)
+                if reference is not None:
+                    mb.scatter(ref.logprobs.float().cpu().numpy(), reference)
+        return proximal, values, reference, entropy_sum
+
+    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """One learner step on this rank's shard of the batch: proximal pass, then `ppo_epochs` passes of
+        `mini_batches` optimizer steps each. Returns metrics over the whole batch (all ranks), named
+        `train/...`; `train/staleness/<k>` is the fraction of sampled tokens sampled k versions before this
+        step."""
+        if self.engine is None:
+            raise RuntimeError("train_step before setup")
+        start = time.perf_counter()
+        gae = self.algo.adv_estimator == "gae"
+        for s in samples:
+            s.validate()
+            if not gae and s.advantages is None:
+                raise ValueError(f"trajectory {s.trajectory.trajectory_id}: no advantages given for "
+                                 f"adv_estimator={self.algo.adv_estimator}")
+        trajs = [s.trajectory for s in samples]
+        self.engine.train()
+        proximal, values, reference, entropy_sum = self._proximal_pass(trajs)
+        returns = None
+        if gae:
+            pairs = [adv.gae(t, v, self.algo.gamma, self.algo.lam) for t, v in zip(trajs, values)]
+            advantages = [a for a, _ in pairs]
+            returns = [r for _, r in pairs]
+        else:
+            advantages = [s.advantages for s in samples]
+        behaviour = [t.logprobs for t in trajs]
+
+        sums = dict.fromkeys(SUM_KEYS, 0.0)
+        maxima = dict.fromkeys(MAX_KEYS, 0.0)
+        grad_norms, lrs = [], []
+        rng = np.random.default_rng((self.cfg.seed, self.version))
+        sizes = [t.num_tokens for t in trajs]
+        for epoch in range(self.cfg.ppo_epochs):
+            order = list(range(len(trajs))) if epoch == 0 else [int(i) for i in rng.permutation(len(trajs))]
+            for part in split(order, [sizes[i] for i in order], self.cfg.mini_batches):
+                self._update(trajs, sorted(part), proximal, behaviour, advantages, values, returns, reference,
+                             sums, maxima)
+                grad_norm = self.engine.get_global_grad_norm()
+                grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
+                lrs.append(float(self.engine.get_lr()[0]))
+        metrics = self._metrics(trajs, sums, maxima, entropy_sum)
+        metrics.update(grad_norm=float(np.mean(grad_norms)), grad_norm_max=float(np.max(grad_norms)),
+                       lr=lrs[-1], optimizer_steps=float(len(grad_norms)), version=float(self.version + 1),
+                       step_seconds=time.perf_counter() - start)
+        self.version += 1
+        return {f"train/{k}": v for k, v in metrics.items()}
+
+    def _update(self, trajs, part: list[int], proximal, behaviour, advantages, values, returns, reference,
+                sums: dict, maxima: dict) -> None:
+        """One optimizer step over mini-batch `part` (indices into trajs) on this rank."""
+        mbs = self._plan(trajs, part)
+        local_tokens = sum(int(trajs[i].loss_mask.sum()) for i in part)
+        local_seqs = sum(1 for i in part if trajs[i].loss_mask.any())
+        total_tokens, total_seqs = self._agree([local_tokens, local_seqs], "sum")
+        use_entropy = self.settings.entropy_coef > 0
+        t = self._tensor
+        for mb in mbs:
+            out = self._run(self.engine, mb, with_entropy=use_entropy)
+            weights = aggregation_weights(t(mb.seq_token_count), self.algo.loss_agg, total_tokens, total_seqs)
+            # DeepSpeed averages gradients over ranks; the weights already make the global mean, so undo that.
+            weights = weights * self.world_size if not mb.padding else torch.zeros_like(weights)
+            loss = decoupled_ppo_loss(
+                out.logprobs, t(mb.gather(proximal)), t(mb.gather(behaviour)), t(mb.gather(advantages)),
+                weights, self.settings, entropy=out.entropy,
+                reference=t(mb.gather(reference)) if reference is not None else None,
+                values=out.values, old_values=t(mb.gather(values)) if values is not None else None,
+                returns=t(mb.gather(returns)) if returns is not None else None)
+            self.engine.backward(loss.loss)
+            for k, v in loss.sums.items():
+                sums[k] += v
+            for k, v in loss.maxima.items():
+                maxima[k] = max(maxima[k], v)
+        self.engine.step()
+        self.updates += 1
+
+    def _metrics(self, trajs, sums: dict, maxima: dict, entropy_sum: float) -> dict[str, float]:
+        """Sums over all ranks, turned into means; the staleness histogram as fractions of sampled tokens."""
+        stale = np.zeros(STALENESS_BUCKETS + 2)  # 0..7, 8+, ahead
+        for t in trajs:
+            lag = self.version - t.versions[t.loss_mask.astype(bool)].astype(np.int64)
+            stale[-1] += int((lag < 0).sum())
+            lag = lag[lag >= 0]
+            stale[:STALENESS_BUCKETS + 1] += np.bincount(np.minimum(lag, STALENESS_BUCKETS),
+                                                        minlength=STALENESS_BUCKETS + 1)
+        sampled = sum(int(t.loss_mask.sum()) for t in trajs)
+        rewards = [t.total_reward for t in trajs]
+        local = [sums[k] for k in SUM_KEYS] + list(stale) + [entropy_sum, sampled, len(trajs), sum(rewards),
+                                                             sum(t.num_tokens for t in trajs)]
+        total = self._agree(local, "sum")
+        top = self._agree([maxima[k] for k in MAX_KEYS] + [max(rewards, default=-np.inf)], "max")
+        n = len(SUM_KEYS)
+        out = finish_stats(dict(zip(SUM_KEYS, total[:n])), dict(zip(MAX_KEYS, top[:len(MAX_KEYS)])))
+        hist, (ent, n_sampled, n_traj, reward_sum, n_tokens) = total[n:n + len(stale)], total[n + len(stale):]
+        denom = max(n_sampled, 1.0)
+        for k in range(STALENESS_BUCKETS):
+            out[f"staleness/{k}"] = hist[k] / denom
+        out[f"staleness/{STALENESS_BUCKETS}+"] = hist[STALENESS_BUCKETS] / denom
+        out["staleness/ahead"] = hist[-1] / denom
+        # entropy: of the proximal policy on the batch's sampled tokens (whether or not it is a bonus)
+        out.update(entropy=ent / denom, sampled_tokens=n_sampled, trajectories=n_traj,
+                   reward_mean=reward_sum / max(n_traj, 1.0), reward_max=top[-1], batch_tokens=n_tokens)
+        if self.reference is None:
+            del out["kl_ref"]
+        if self.algo.adv_estimator != "gae":
+            del out["value_loss"], out["value_clip_frac"]
+        return out
+
+    # -- weights and checkpoints ----------------------------------------------------------------------------
+
+    def gather_weights(self) -> list[TensorBytes]:
+        """The policy's full weights under their checkpoint names, on rank 0 ([] elsewhere). Collective."""
+        return zero_engine.gather_full_weights(self._policy_tensors, self.rank)
+
+    def publish_weights(self) -> dict:
+        """Gather (every rank) and send the current version to every subscriber (rank 0)."""
+        start = time.perf_counter()
+        tensors = self.gather_weights()
+        sent = 0
+        if self.publisher is not None:
+            sent = self.publisher.publish(self.version, tensors)
+        return {"version": self.version, "bytes": sent, "seconds": time.perf_counter() - start}
+
+    def wait_for_subscribers(self, n: int, timeout_s: float) -> int:
+        if self.publisher is None:
+            return 0
+        self.publisher.wait_for_peers(n, timeout_s)
+        return len(self.publisher.peers)
+
+    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
+        return self.publisher.wait_acks(version, timeout_s) if self.publisher is not None else {}
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer and LR scheduler in DeepSpeed's layout under `path`/learner, plus the version."""
+        self.engine.save_checkpoint(path, tag=CHECKPOINT_TAG, save_latest=False,
+                                    client_state={"version": self.version, "updates": self.updates})
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore what `save_checkpoint` wrote; returns {"version", "updates"}."""
+        loaded, client = self.engine.load_checkpoint(path, tag=CHECKPOINT_TAG, load_optimizer_states=True,
+                                                     load_lr_scheduler_states=True)
+        if loaded is None:
+            raise FileNotFoundError(f"no learner checkpoint under {path}/{CHECKPOINT_TAG}")
+        self.version, self.updates = int(client["version"]), int(client["updates"])
+        return {"version": self.version, "updates": self.updates}
+
+    def get_version(self) -> int:
+        return self.version
+
+    def peak_memory_mb(self) -> dict[str, float]:
+        """Peak resident memory of this rank's process so far (and peak GPU memory allocated, on GPU)."""
+        out = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}  # Linux reports KiB
+        if torch.cuda.is_available() and self.cfg.num_gpus_per_rank > 0:
+            out["gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        return out
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None

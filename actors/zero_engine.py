@@ -1,0 +1,112 @@
+"""DeepSpeed plumbing for the learner: process group, ZeRO engine, collectives on small values, full weights.
+
+What must hold:
+- The process group uses gloo on CPU and NCCL on GPU, rendezvous by TCP at an address the launcher chose.
+- Gradient accumulation is the caller's: the engine runs with `managed_gradient_accumulation` off, so each
+  `engine.step()` applies the gradients of every backward since the previous one, however many there were.
+  Gradients are not scaled by an accumulation count; DeepSpeed averages them over the data-parallel ranks.
+- `gather_full_weights` is collective (every rank calls it): under ZeRO-3 each parameter is partitioned and
+  is gathered with `GatheredParameters`; the copy is taken on rank 0 only, as raw bytes.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import warnings
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from core.weights_channel import TensorBytes
+
+
+def free_port(host: str) -> int:
+    """A port that is free on `host` now (the rendezvous binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, use_gpu: bool,
+                       timeout_s: float = 600.0) -> torch.device:
+    """Join the learners' process group; returns this rank's device."""
+    import deepspeed  # not at the top: whoever imports the Learner class (the driver) needs no DeepSpeed
+
+    # DeepSpeed's ZeRO collectives call torch APIs that warn on every call in this torch version.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r".*torch\.distributed\.\w+` is deprecated")
+    # DeepSpeed reads these even when given an init_method; a Ray actor sees only its own GPU as device 0.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    if use_gpu:
+        torch.cuda.set_device(0)
+    deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo", auto_mpi_discovery=False,
+                               init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                               world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
+                               verbose=False)
+    return torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+
+
+def deepspeed_config(zero_stage: int, dtype: str, grad_clip: float) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,  # the learner decides where an optimizer step falls
+        "gradient_clipping": float(grad_clip),
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def inference_config(zero_stage: int, dtype: str) -> dict:
+    """For a frozen model: partitioned like the policy under ZeRO-3, a plain replica otherwise."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3 if zero_stage == 3 else 0},
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "steps_per_print": 1 << 30,
+    }
+
+
+def all_reduce(values: Sequence[float], op: str, device: torch.device) -> list[float]:
+    """Sum or max of a few numbers over the learners' group (every rank must call it)."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return t.cpu().tolist()
+
+
+def _is_partitioned(t: torch.Tensor) -> bool:
+    return hasattr(t, "ds_id")
+
+
+def _as_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
+    cpu = t.detach().to("cpu").contiguous().clone()
+    raw = cpu.reshape(-1).view(torch.uint8).numpy()
+    return str(cpu.dtype).removeprefix("torch."), tuple(cpu.shape), memoryview(raw)
+
+
+def gather_full_weights(named: Sequence[tuple[str, torch.Tensor]], rank: int) -> list[TensorBytes]:
+    """Full copies of `named` tensors as raw bytes on rank 0 ([] on other ranks). A tensor listed under
+    several names (tied embeddings) is gathered once and emitted under each name."""
+    import deepspeed
+
+    out: list[TensorBytes] = []
+    done: dict[int, tuple[str, tuple[int, ...], memoryview]] = {}
+    for name, tensor in named:
+        key = id(tensor)
+        if key not in done:
+            if _is_partitioned(tensor):
+                with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
+                    done[key] = _as_bytes(tensor.data) if rank == 0 else ("", (), memoryview(b""))
+            else:
+                done[key] = _as_bytes(tensor.data) if rank == 0 else ("", (), memoryview(b""))
+        if rank == 0:
+            dtype, shape, data = done[key]
+            out.append(TensorBytes(name, dtype, shape, data))
+    return out

@@ -1,0 +1,89 @@
+"""A causal LM (plus an optional value head) that scores a packed micro-batch.
+
+What must hold:
+- `forward` returns, for each scored position of the row, the logprob of the token sampled there (under the
+  sampling temperature the generator used), optionally the entropy of that position's distribution, and
+  optionally the value head's output: all [n], float32.
+- The LM head runs on the scored positions only: prompt and env positions never reach the vocabulary
+  projection, which is most of a step's memory with a large vocabulary.
+- One module holds everything the optimiser updates (the LM and the value head), so that a ZeRO engine wraps
+  it whole and its hooks see every submodule called inside `forward`.
+- `policy_state_names` lists the policy's tensors under the names a Hugging Face checkpoint uses, tied ones
+  under each of their names (for a tied LM that includes lm_head.weight, which an inference engine loads
+  separately): the value head is not part of the policy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+VALUE_HEAD = "value_head"
+
+
+@dataclass
+class Scores:
+    logprobs: torch.Tensor  # [n]
+    entropy: torch.Tensor | None  # [n]
+    values: torch.Tensor | None  # [n]
+
+    @classmethod
+    def of(cls, output: tuple) -> "Scores":
+        logprobs, entropy, values = output
+        return cls(logprobs=logprobs, entropy=entropy, values=values)
+
+
+def logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                         with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [n, V] (float32), targets [n] -> logprob of each target [n] and (optionally) entropy [n]."""
+    lse = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = lse - (probs * logits).sum(-1)
+    return logprobs, entropy
+
+
+class TokenScorer(nn.Module):
+    def __init__(self, policy: nn.Module, with_value_head: bool = False, temperature: float = 1.0):
+        super().__init__()
+        self.policy = policy
+        # Sampling at temperature T draws from softmax(logits / T); the behaviour logprobs are of that
+        # distribution, so the learner's must be too. T <= 0 (greedy) leaves logits as they are.
+        self.temperature = float(temperature) if temperature > 0 else 1.0
+        hidden = policy.config.hidden_size
+        self.value_head = nn.Linear(hidden, 1) if with_value_head else None
+        if self.value_head is not None:
+            # zero: the first values are 0, so the first GAE advantages are the returns themselves
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, score_index: torch.Tensor,
+                targets: torch.Tensor, with_entropy: bool = False) -> tuple:
+        """input_ids, position_ids [L]; score_index, targets [n] -> (logprobs, entropy, values), each [n] or
+        None. A plain tuple, because a ZeRO engine hooks the backward pass through the tensors it can find in
+        the output; `Scores.of` names the parts."""
+        backbone = getattr(self.policy, self.policy.base_model_prefix)
+        hidden = backbone(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
+                          use_cache=False).last_hidden_state[0]
+        picked = hidden.index_select(0, score_index)
+        logits = self.policy.get_output_embeddings()(picked).float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logprobs, entropy = logprobs_and_entropy(logits, targets, with_entropy)
+        values = self.value_head(picked).float().squeeze(-1) if self.value_head is not None else None
+        return logprobs, entropy, values
+
+
+def policy_state_names(scorer: TokenScorer) -> list[tuple[str, nn.Parameter | torch.Tensor]]:
+    """(checkpoint name, tensor) for every policy parameter and persistent buffer, tied ones once per name."""
+    out: list[tuple[str, nn.Parameter | torch.Tensor]] = []
+    for name, param in scorer.policy.named_parameters(remove_duplicate=False):
+        out.append((name, param))
+    persistent = set(scorer.policy.state_dict().keys())
+    for name, buf in scorer.policy.named_buffers(remove_duplicate=False):
+        if name in persistent:
+            out.append((name, buf))
+    return out

@@ -1,0 +1,150 @@
+"""A client of AgentGym's env servers (environments/agentgym_http/protocol.py) as one more env family.
+
+What must hold:
+- One server-side env per client: created on first reset, reset per item (`agentgym_http_<n>` or
+  `<task>_<n>` -> data_idx n), closed on close.
+- The client extracts the action from the agent's reply, as the reference's clients do: the `Action:` line
+  rule for babyai and textcraft, the rest after the last `Action:` for other tasks (SciWorld's rule); in
+  lenient mode BabyAI's available actions (read from the observation) and TextCraft's command grammar are
+  also matched anywhere in the reply. A reply without an action is answered locally (no request).
+- Every failure is an exception (EnvServerError): non-200 status, an "error" key, a malformed reply, a
+  connection error, a timeout. The env pool turns it into `env_error` and replaces the env; nothing becomes
+  a zero reward.
+- `valid_action` is the server's own flag when it sends one (ours does), else true once an action was sent.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from core.env import Env, Observation, StepResult, split_item_id
+from environments.agentgym_http.protocol import (
+    CLOSE, CREATE, OBSERVATION, RESET, STEP, EnvServerError, require,
+)
+from environments.parsing import NONE, Parsed, last_named, parse_reply, strict_rest
+
+LINE_RULE_TASKS = ("babyai", "textcraft")
+
+
+def _instruction(task: str) -> str:
+    if task == "babyai":
+        from environments.babyai.prompt import INSTRUCTION
+        return INSTRUCTION
+    if task == "textcraft":
+        from environments.textcraft.prompt import INSTRUCTION
+        return INSTRUCTION
+    return ""
+
+
+class AgentGymHTTPEnv(Env):
+    family = "agentgym_http"
+
+    def __init__(self, url: str, task: str, timeout_s: float = 60.0, parse_mode: str = "strict"):
+        if not url:
+            raise ValueError("env.agentgym_http.url: give the base URL of the AgentGym env server")
+        self.url = url.rstrip("/")
+        self.task = task
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.parse_mode = parse_mode
+        self._session: aiohttp.ClientSession | None = None
+        self.env_id: int | None = None
+        self.observation = ""
+        self._matcher = None
+
+    # -- HTTP ---------------------------------------------------------------------------------------------
+    async def _request(self, method: str, path: str, payload: dict | None = None,
+                       params: dict | None = None) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self.timeout)
+        where = f"{method} {self.url}{path}"
+        try:
+            async with self._session.request(method, self.url + path, json=payload, params=params) as resp:
+                body = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EnvServerError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            raise EnvServerError(f"{where}: HTTP {status}: {body[:300]}")
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise EnvServerError(f"{where}: reply is not JSON: {body[:200]!r}") from None
+        if isinstance(data, dict) and "error" in data:
+            raise EnvServerError(f"{where}: server error: {data['error']}")
+        return data
+
+    # -- Env ----------------------------------------------------------------------------------------------
+    async def reset(self, item_id: str) -> Observation:
+        _, index = split_item_id(item_id)
+        if self.env_id is None:
+            created = await self._request("POST", CREATE, {})
+            self.env_id = int(require(created, "id", int, CREATE))
+        data = await self._request("POST", RESET, {"id": self.env_id, "data_idx": index})
+        self.observation = require(data, "observation", str, RESET)
+        instruction = data.get("instruction")
+        if not isinstance(instruction, str):  # reference servers keep the instruction client-side
+            instruction = _instruction(self.task)
+        return Observation(text=self.observation, instruction=instruction,
+                           info={"server_id": self.env_id, "data_idx": index})
+
+    async def step(self, text: str) -> StepResult:
+        if self.env_id is None:
+            raise RuntimeError("agentgym_http: step() before reset()")
+        parsed = self._parse(text)
+        if not parsed.found:
+            return StepResult(parsed.error, 0.0, False, False, parsed.rule)
+        data = await self._request("POST", STEP, {"id": self.env_id, "action": parsed.action})
+        self.observation = require(data, "observation", str, STEP)
+        reward = float(require(data, "reward", (int, float), STEP))
+        done = bool(require(data, "done", bool, STEP))
+        valid = bool(data.get("valid_action", True))
+        success = bool(data.get("success", done and reward > 0))
+        return StepResult(self.observation, reward, done, valid, parsed.rule, success=success,
+                          info={"action": parsed.action, "server_score": data.get("score")})
+
+    async def current_observation(self) -> str:
+        if self.env_id is None:
+            raise RuntimeError("agentgym_http: no env yet; reset() first")
+        data = await self._request("GET", OBSERVATION, params={"id": str(self.env_id)})
+        if not isinstance(data, str):
+            raise EnvServerError(f"GET {OBSERVATION}: expected a string, got {data!r:.200}")
+        return data
+
+    async def close(self) -> None:
+        try:
+            if self.env_id is not None:
+                try:
+                    await self._request("POST", CLOSE, {"id": self.env_id})
+                except EnvServerError as exc:
+                    if "HTTP 404" not in str(exc):  # the reference BabyAI server has no /close
+                        raise
+        finally:
+            self.env_id = None
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+
+    # -- parsing ------------------------------------------------------------------------------------------
+    def _parse(self, reply: str) -> Parsed:
+        if self.task not in LINE_RULE_TASKS:
+            action = strict_rest(reply)
+            if action is None:
+                return Parsed(None, NONE, "No action found. End your reply with 'Action:' and your action.")
+            return Parsed(action, "strict")
+        accepts, find = (lambda a: True), (lambda r: None)
+        if self.task == "babyai":
+            from environments.babyai.scripted import available_actions
+
+            names = {a: a for a in available_actions(self.observation)}
+            names.update({"pick up " + a[7:]: a for a in list(names) if a.startswith("pickup ")})
+            accepts = lambda a: " ".join(a.lower().split()).replace("pick up ", "pickup ") in names  # noqa: E731
+            find = lambda r: names.get(last_named(r, names))  # noqa: E731
+        elif self.task == "textcraft":
+            from environments.textcraft.lenient import matcher_for
+            from environments.textcraft.recipes import default_book
+
+            accepts = lambda a: a.startswith(("get ", "craft ", "inventory"))  # noqa: E731
+            find = matcher_for(default_book()).find
+        return parse_reply(reply, self.parse_mode, accepts, find)

@@ -1,0 +1,42 @@
+"""BabyAI (minigrid's BabyAI levels) as a text environment: `FAMILY` for the registry."""
+from __future__ import annotations
+
+from typing import Any
+
+from core.env import Env, run_sync_env
+from environments.babyai.env import BabyAIEnv
+from environments.babyai.levels import LEVELS, level_of
+from environments.babyai.scripted import scripted_reply
+from environments.registry import Family
+
+
+def make_env(cfg: Any) -> Env:
+    """One BabyAI env from `env.babyai` (a configs.env.BabyAIConfig)."""
+    return run_sync_env(BabyAIEnv(parse_mode=cfg.parse_mode))
+
+
+def select_items(cfg: Any, item_ids: list[str]) -> list[str]:
+    """Keep the items of the levels named in `cfg.levels` (all of them when it is empty)."""
+    if not cfg.levels:
+        return list(item_ids)
+    unknown = sorted(set(cfg.levels) - set(LEVELS))
+    if unknown:
+        raise ValueError(f"env.babyai.levels: unknown level(s) {', '.join(unknown)}")
+    wanted = set(cfg.levels)
+    return [i for i in item_ids if level_of(i) in wanted]
+
+
+FAMILY = Family(
+    name="babyai",
+    make_env=make_env,
+    # 900 ids: the reference's splits (test 90, train about 810) are drawn from babyai_0 ... babyai_899.
+    num_items=900,
+    split_sizes={"train": 810, "test": 90},
+    reference_max_turns=20,
+    extras={
+        "scripted_reply": scripted_reply,
+        "contract_items": ["babyai_0", "babyai_11", "babyai_21", "babyai_39"],
+        "select_items": select_items,
+        "item_label": level_of,  # eval reports break results down by level
+    },
+)

@@ -1,0 +1,48 @@
+"""Drawing training items by the configured env mix: a family by weight (`env.mix`), then an item of its split.
+
+Each family's items come from environments.splits (the dataset files or generated splits), narrowed by the
+family's `select_items(family_cfg, ids)` hook when it has one (e.g. BabyAI's `env.babyai.levels`). The
+agentgym_http family takes the split of the task its server hosts and names the items `agentgym_http_<n>`.
+Draws come from core.sampler.ItemSampler: seeded epochs per family and a state that resumes exactly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from configs.env import FAMILIES
+from core.env import split_item_id
+from core.sampler import ItemSampler
+from environments.registry import get_family
+from environments.splits import load_split
+
+
+def family_items(name: str, env_cfg: Any, split: str, cache_dir: str | None = None) -> list[str]:
+    if name == "agentgym_http":
+        task = env_cfg.agentgym_http.task
+        if not task:
+            raise ValueError("env.agentgym_http.task: name the task the server hosts (its dataset name)")
+        ids = load_split(task, split, env_cfg.data_dir, cache_dir)
+        return [f"agentgym_http_{split_item_id(i)[1]}" for i in ids]
+    ids = load_split(name, split, env_cfg.data_dir, cache_dir)
+    select = get_family(name).extras.get("select_items")
+    return select(getattr(env_cfg, name), ids) if select else ids
+
+
+def mix_sampler(env_cfg: Any, split: str = "train", seed: int = 0, cache_dir: str | None = None) -> ItemSampler:
+    """The resumable sampler (core.sampler) over every family of `env.mix`, with its split's items."""
+    items = {f: family_items(f, env_cfg, split, cache_dir) for f in sorted(env_cfg.mix)}
+    for f, ids in items.items():
+        if not ids:
+            raise ValueError(f"env.mix.{f}: its {split} split has no items (check env.{f} filters)")
+    return ItemSampler(items, dict(env_cfg.mix), seed=seed)
+
+
+def family_of(item_id: str, env_cfg: Any) -> str:
+    """The family that runs `item_id`: its prefix when that names a family, or agentgym_http when the prefix is
+    the task its server hosts (a user's dataset ids such as `webshop_3`)."""
+    prefix, _ = split_item_id(item_id)
+    if prefix in FAMILIES:
+        return prefix
+    if prefix == env_cfg.agentgym_http.task:
+        return "agentgym_http"
+    raise ValueError(f"item id {item_id!r}: no env family {prefix!r} (known: {', '.join(FAMILIES)})")

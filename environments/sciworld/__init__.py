@@ -1,0 +1,43 @@
+"""SciWorld (ScienceWorld 1.2.3, bundled simulator jar, Java >= 1.8): `sciworld_<n>` over 4,639 (task, variation)
+pairs; see tasks.py for the mapping and splits, env.py for reward, success and parsing, simulator.py for the JVM."""
+from __future__ import annotations
+
+import random
+import re
+
+from configs.env import SciWorldConfig
+from core.env import Env, run_sync_env
+from environments.registry import Family
+from environments.sciworld.env import SciWorldEnv
+from environments.sciworld.tasks import NUM_ITEMS, item_to_task, split_items
+
+_DOOR = re.compile(r"A door to the ([a-z ]+?) \(")
+
+
+def make_env(cfg: SciWorldConfig) -> Env:
+    """One env, one JVM (started on its first reset), stepped on one worker thread of its own."""
+    return run_sync_env(SciWorldEnv(cfg))
+
+
+def scripted_reply(observation: str, rng: random.Random) -> str:
+    """A plausible, always-valid reply: look, check the inventory or task, or walk through a door in view."""
+    commands = ["look around", "inventory", "task"]
+    commands += [f"go to {room}" for room in _DOOR.findall(observation)]
+    command = rng.choice(commands)
+    return f"Thought:\nI should explore before acting.\n\nAction:\n{command}"
+
+
+FAMILY = Family(
+    name="sciworld",
+    make_env=make_env,
+    num_items=NUM_ITEMS,
+    split_sizes={"train": len(split_items("train")), "test": len(split_items("test"))},
+    reference_max_turns=30,
+    extras={
+        "scripted_reply": scripted_reply,
+        "contract_items": ["sciworld_0", "sciworld_2936"],  # boil, find-living-thing
+        "max_instances_per_actor": lambda cfg: cfg.max_jvms_per_actor,
+        "split_items": lambda split: list(split_items(split)),
+        "item_label": lambda item_id: item_to_task(item_id)[0].name,  # eval reports: by task
+    },
+)

@@ -1,0 +1,66 @@
+"""WebArena: `webarena_<n>` runs WebArena task config n in Chromium through Playwright's async API.
+
+Ids 0-811 are WebArena's own tasks (libwebarena's configs; their sites are self-hosted images whose URLs come from
+SHOPPING, SHOPPING_ADMIN, REDDIT, GITLAB, MAP, WIKIPEDIA, HOMEPAGE); ids 812 and up are the local shop's tasks
+(`python -m environments.webarena.shop`, or `local_site.local_site()` in tests). See tasks.py for sources and
+splits, env.py for an episode, observation.py / actions.py / evaluators.py for the reference's formats.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+
+from configs.env import WebArenaConfig
+from core.env import Env
+from environments.registry import Family
+from environments.webarena.env import WebArenaEnv
+from environments.webarena.tasks import WEBARENA_TASKS, local_items, skipped_tasks, split_items
+
+_CLICKABLE = re.compile(r"\[(\d+)\] (?:link|button) '")
+
+
+def make_env(cfg: WebArenaConfig) -> Env:
+    """One env: a context on its event loop's shared Chromium (launched on the first reset)."""
+    return WebArenaEnv(cfg)
+
+
+def scripted_reply(observation: str, rng: random.Random) -> str:
+    """A plausible, well-formed reply: click a link or button in view, or scroll."""
+    ids = _CLICKABLE.findall(observation)
+    action = f"click [{rng.choice(ids)}]" if ids and rng.random() < 0.8 else f"scroll [{rng.choice(['down', 'up'])}]"
+    return f"Let's think step by step. In summary, the next action I will perform is ```{action}```"
+
+
+def local_site_fixture():
+    """A context manager serving the local shop (SHOPPING set, login state saved); yields `.cfg` for its tasks."""
+    from environments.webarena.local_site import local_site
+
+    return local_site()
+
+
+@contextlib.contextmanager
+def contract_context(cfg):
+    """The env contract test's hook: run against the local shop, with `cfg` as the base config."""
+    from environments.webarena.local_site import local_site
+
+    with local_site(base=cfg) as site:
+        yield site.cfg
+
+
+FAMILY = Family(
+    name="webarena",
+    make_env=make_env,
+    num_items=WEBARENA_TASKS + len(local_items()),
+    split_sizes={"train": len(split_items("train")), "test": len(split_items("test"))},
+    reference_max_turns=15,
+    extras={
+        "scripted_reply": scripted_reply,
+        "contract_items": ["webarena_812", "webarena_819"],  # local shop tasks: need local_site_fixture()
+        "max_instances_per_actor": lambda cfg: cfg.max_contexts_per_actor,
+        "split_items": split_items,
+        "skipped_items": skipped_tasks,  # cfg -> {item id: reason}; fuzzy_match tasks without a judge
+        "local_site": local_site_fixture,
+        "contract_context": contract_context,
+    },
+)

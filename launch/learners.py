@@ -1,0 +1,149 @@
+"""The learner ranks as Ray actors, behind one handle.
+
+What must hold:
+- One actor per data-parallel rank, each holding the CPU/GPU resources of `learner.num_*_per_rank`, packed
+  onto as few nodes as possible by a placement group.
+- The ranks rendezvous at 127.0.0.1 when they share a node, else at rank 0's node address; rank 0 picks the
+  port. Every call goes to every rank at once (the ranks run collectives), and a failure on any rank raises
+  here at once instead of leaving the others waiting in a collective.
+- `train_step` takes a whole batch of trajectories: advantages are computed over the whole batch first (group
+  estimators need whole groups, REINFORCE++ whitens over the batch; GAE is left to the ranks, which hold the
+  value head), then the batch is sharded over ranks balanced by tokens.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Sequence
+
+from launch.ray_cluster import LOCAL_RAY_ENV
+
+# Ray reads these when it is imported, not when it starts: set after `import ray`, a local Ray listens on
+# every interface and advertises the machine's external address (seen with Ray 2.60). As in connect().
+for _key, _value in LOCAL_RAY_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+import ray  # noqa: E402
+from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
+
+from actors.learner import Learner  # noqa: E402
+from configs.learner import AlgorithmConfig, LearnerConfig  # noqa: E402
+from core.advantages import compute_advantages  # noqa: E402
+from core.batching import TrainSample, shard  # noqa: E402
+from core.trajectory import Trajectory  # noqa: E402
+from core.weights_channel import TensorBytes  # noqa: E402
+
+log = logging.getLogger("agentgym.learners")
+LOOPBACK = "127.0.0.1"
+
+
+def prepare_samples(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig) -> list[TrainSample]:
+    """Attach advantages computed over the whole batch (none for gae: the ranks compute those)."""
+    if algorithm.adv_estimator == "gae":
+        return [TrainSample(t) for t in trajectories]
+    advantages = compute_advantages(trajectories, algorithm.adv_estimator, gamma=algorithm.gamma,
+                                    norm_by_std=algorithm.norm_adv_by_std)
+    return [TrainSample(t, a) for t, a in zip(trajectories, advantages)]
+
+
+def _node_of(actor) -> tuple[str, str]:
+    return ray.get(actor.__ray_call__.remote(
+        lambda self: (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())))
+
+
+def _all(refs: list) -> list:
+    """Results of one call on every rank; the first failure raises without waiting for the rest."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ray.get(ready)
+    return ray.get(refs)
+
+
+class LearnerGroup:
+    def __init__(self, model_path: str, dtype: str, learner: LearnerConfig, algorithm: AlgorithmConfig, *,
+                 sampling_temperature: float = 1.0, weights_host: str | None = LOOPBACK,
+                 weights_port: int = 0, weights_chunk_bytes: int = 64 << 20, name: str = "learner",
+                 setup_timeout_s: float = 900.0):
+        """Start `learner.num_ranks` actors and set them up (loads the model; blocks until ready).
+        `weights_host` None: no weights publisher (e.g. a benchmark)."""
+        self.learner_cfg, self.algorithm = learner, algorithm
+        n = learner.num_ranks
+        cpus = max(learner.num_cpus_per_rank, 0.01)  # a placement bundle may not be empty
+        bundle = {"CPU": cpus, **({"GPU": learner.num_gpus_per_rank} if learner.num_gpus_per_rank else {})}
+        self._pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK", name=f"{name}-pg")
+        self.actors: list = []
+        try:
+            ray.get(self._pg.ready(), timeout=setup_timeout_s)
+            remote = ray.remote(Learner)
+            self.actors = [
+                remote.options(num_cpus=cpus, num_gpus=learner.num_gpus_per_rank, name=f"{name}-{rank}",
+                               scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                   self._pg, placement_group_bundle_index=rank))
+                .remote(rank, n, str(model_path), dtype, learner, algorithm, sampling_temperature)
+                for rank in range(n)]
+            nodes = [_node_of(a) for a in self.actors]
+            host = LOOPBACK if len({node_id for node_id, _ in nodes}) == 1 else nodes[0][1]
+            port = ray.get(self.actors[0].free_port.remote(host))
+            self.master = (host, port)
+            infos = _all([a.setup.remote(host, port, weights_host, weights_port, weights_chunk_bytes)
+                          for a in self.actors])
+        except BaseException:
+            self.shutdown()
+            raise
+        self.parameters = infos[0]["parameters"]
+        self.weights_endpoint: str | None = infos[0]["weights_endpoint"]
+        log.info("learners: %d ranks, ZeRO-%d, rendezvous %s:%d, %d parameters", n, learner.zero_stage, host,
+                 port, self.parameters)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.actors)
+
+    def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """One learner step on the whole batch; returns its metrics (over all ranks)."""
+        if not trajectories:
+            raise ValueError("train_step needs at least one trajectory")
+        shards = shard(prepare_samples(trajectories, self.algorithm), self.num_ranks)
+        return _all([a.train_step.remote(s) for a, s in zip(self.actors, shards)])[0]
+
+    def publish_weights(self) -> dict:
+        """Send the current version to every weights subscriber; returns {version, bytes, seconds}."""
+        return _all([a.publish_weights.remote() for a in self.actors])[0]
+
+    def gather_weights(self) -> list[TensorBytes]:
+        """The full policy weights, gathered by every rank and returned from rank 0."""
+        return _all([a.gather_weights.remote() for a in self.actors])[0]
+
+    def wait_for_subscribers(self, n: int, timeout_s: float) -> int:
+        return ray.get(self.actors[0].wait_for_subscribers.remote(n, timeout_s))
+
+    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
+        return ray.get(self.actors[0].wait_acks.remote(version, timeout_s))
+
+    def version(self) -> int:
+        return ray.get(self.actors[0].get_version.remote())
+
+    def peak_memory_mb(self) -> list[dict[str, float]]:
+        """Per rank: peak resident memory of its process (and peak GPU memory on GPU)."""
+        return _all([a.peak_memory_mb.remote() for a in self.actors])
+
+    def save_checkpoint(self, path: str) -> None:
+        """Every rank writes its part into `path` (shared storage across nodes)."""
+        _all([a.save_checkpoint.remote(path) for a in self.actors])
+
+    def load_checkpoint(self, path: str) -> dict:
+        return _all([a.load_checkpoint.remote(path) for a in self.actors])[0]
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            try:
+                ray.get(a.close.remote(), timeout=30)
+            except Exception as exc:  # a dead or stuck rank: killing it is all that is left
+                log.warning("learner close failed: %s", exc)
+            ray.kill(a)
+        self.actors = []
+        if self._pg is not None:
+            remove_placement_group(self._pg)
+            self._pg = None

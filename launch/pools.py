@@ -1,0 +1,172 @@
+"""Env pools as Ray actors, and the supervisor that dispatches episodes to them.
+
+Restarts are Ray core's: each EnvPool actor is created with `max_restarts=env.max_actor_restarts` and
+`max_task_retries=0`, so when its process dies (e.g. SIGKILL) Ray reruns its constructor, and every call that
+was running on it fails with a RayActorError instead of being replayed (an episode is not idempotent: it
+already sent tokens to the generator and maybe a trajectory to the coordinator). RLlib's
+FaultTolerantActorManager was considered: it adds health probes and restore callbacks around the same Ray
+restarts, but it is built for lockstep `foreach_actor` rounds polled with `fetch_ready_async_reqs`, while
+this supervisor awaits one call per episode and routes each to the least-loaded actor; it would also add
+`ray[rllib]` (414 MB) for a few lines of bookkeeping. So the bookkeeping is here:
+
+What must hold:
+- `run(spec)` sends the episode to the actor with the fewest episodes in flight and returns its
+  EpisodeSummary. If that actor dies meanwhile, the episode is reported lost (a summary with termination
+  `lost`, counted in `pool/lost` and kept in `lost_specs`), never silently dropped; `resubmit=n` retries it
+  up to n times on whichever actor is then least loaded.
+- A dead actor gets no new episodes until it answers again: calls to a restarting actor fail at once with
+  ActorUnavailableError, so after a failure the supervisor probes the actor and dispatches to the others
+  meanwhile. Its return is detected by the pool's incarnation id changing and counted in
+  `pool/actor_restarts`; an actor out of restarts is counted in `pool/actors_dead` and never used again.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+
+from actors.env_pool import EnvPool
+from actors.episode_summary import EpisodeSummary
+from core.env import Env
+from core.policy import Policy
+from core.rollout import EpisodeLimits, EpisodeSpec
+from environments.item_sampler import family_of
+
+log = logging.getLogger("agentgym.pools")
+
+
+class PoolSupervisor:
+    def __init__(self, env_cfg: Any, policy: Policy, tokenizer_dir: str, limits: EpisodeLimits,
+                 trajectory_endpoint: str | None, num_actors: int | None = None, name: str = "envpool",
+                 send_timeout_s: float | None = 600.0, env_factory: Callable[[str, Any], Env] | None = None):
+        self.env_cfg = env_cfg
+        count = num_actors or env_cfg.num_actors
+        remote = ray.remote(EnvPool).options(
+            max_restarts=env_cfg.max_actor_restarts, max_task_retries=0, num_cpus=env_cfg.num_cpus_per_actor)
+        self.actors = [remote.remote(env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint,
+                                     f"{name}-{k}", send_timeout_s, env_factory) for k in range(count)]
+        self.names = [f"{name}-{k}" for k in range(count)]
+        self._in_flight: list[dict[str, EpisodeSpec]] = [{} for _ in range(count)]
+        self._incarnations: list[str | None] = [None] * count
+        self._down: set[int] = set()  # failed, being probed until they answer again
+        self._dead: set[int] = set()  # out of restarts
+        self._watchers: dict[int, asyncio.Task] = {}
+        self._up_event: asyncio.Event | None = None
+        self._next = 0
+        self.counters: dict[str, float] = collections.defaultdict(float)
+        self.lost_specs: list[EpisodeSpec] = []
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until every actor has started (constructors load the tokenizer)."""
+        infos = ray.get([a.info.remote() for a in self.actors], timeout=timeout_s)
+        self._incarnations = [i["incarnation"] for i in infos]
+
+    async def _pick(self) -> int:
+        """The least-loaded actor that is up; waits while every live actor is restarting."""
+        while True:
+            usable = [k for k in range(len(self.actors)) if k not in self._down and k not in self._dead]
+            if usable:
+                break
+            if len(self._dead) == len(self.actors):
+                raise RuntimeError("every env pool actor is dead (out of restarts: env.max_actor_restarts)")
+            self._up_event = self._up_event or asyncio.Event()
+            await self._up_event.wait()
+            self._up_event = None
+        best = min(len(self._in_flight[k]) for k in usable)
+        # Rotate among the least loaded so ties spread evenly.
+        for step in range(len(self.actors)):
+            k = (self._next + step) % len(self.actors)
+            if k in usable and len(self._in_flight[k]) == best:
+                self._next = k + 1
+                return k
+        raise AssertionError("unreachable")
+
+    def _mark_down(self, k: int) -> None:
+        if k in self._down or k in self._dead:
+            return
+        self._down.add(k)
+        self._watchers[k] = asyncio.ensure_future(self._watch(k))
+
+    async def _watch(self, k: int, interval_s: float = 0.25) -> None:
+        """Probe a failed actor until Ray has restarted it (or has given up on it)."""
+        while True:
+            try:
+                info = await self.actors[k].info.remote()
+            except ActorDiedError:
+                self._dead.add(k)
+                self.counters["pool/actors_dead"] += 1
+                log.error("env pool %s is dead for good (out of restarts)", self.names[k])
+                break
+            except RayActorError:
+                await asyncio.sleep(interval_s)
+                continue
+            if info["incarnation"] != self._incarnations[k]:
+                self.counters["pool/actor_restarts"] += 1
+                self._incarnations[k] = info["incarnation"]
+            log.warning("env pool %s is back (pid %s)", self.names[k], info["pid"])
+            break
+        self._down.discard(k)
+        self._watchers.pop(k, None)
+        if self._up_event is not None:
+            self._up_event.set()
+
+    async def run(self, spec: EpisodeSpec, resubmit: int = 0) -> EpisodeSummary:
+        k = await self._pick()
+        self._in_flight[k][spec.trajectory_id] = spec
+        try:
+            return await self.actors[k].run.remote(spec)
+        except RayActorError as exc:
+            self._mark_down(k)
+            self.counters["pool/lost"] += 1
+            self.counters[f"pool/{self.names[k]}/lost"] += 1
+            self.lost_specs.append(spec)
+            log.warning("episode %s lost: actor %s died (%s)", spec.trajectory_id, self.names[k],
+                        type(exc).__name__)
+            if resubmit > 0:
+                self.counters["pool/resubmitted"] += 1
+                return await self.run(spec, resubmit - 1)
+            return EpisodeSummary.lost(spec.trajectory_id, spec.item_id, family_of(spec.item_id, self.env_cfg),
+                                       self.names[k], f"{type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            self._in_flight[k].pop(spec.trajectory_id, None)
+
+    async def run_many(self, specs: list[EpisodeSpec], resubmit: int = 0) -> list[EpisodeSummary]:
+        return list(await asyncio.gather(*(self.run(s, resubmit) for s in specs)))
+
+    def in_flight(self) -> dict[str, list[str]]:
+        return {n: list(f) for n, f in zip(self.names, self._in_flight)}
+
+    def stats(self, timeout_s: float = 10.0) -> dict[str, float]:
+        """Every live actor's counters summed, plus the supervisor's own (restarts, lost episodes)."""
+        out: dict[str, float] = collections.defaultdict(float)
+        for k, actor in enumerate(self.actors):
+            try:
+                info, stats = ray.get([actor.info.remote(), actor.stats.remote()], timeout=timeout_s)
+            except (RayActorError, GetTimeoutError) as exc:
+                self.counters["pool/stats_unavailable"] += 1
+                log.warning("stats of %s unavailable: %s", self.names[k], type(exc).__name__)
+                continue
+            if self._incarnations[k] is not None and info["incarnation"] != self._incarnations[k] \
+                    and k not in self._down:
+                self.counters["pool/actor_restarts"] += 1  # a restart no episode noticed
+                self._incarnations[k] = info["incarnation"]
+            for key, value in stats.items():
+                out[key] += value
+        for key, value in self.counters.items():
+            out[key] += value
+        out["pool/actors"] = float(len(self.actors))
+        return dict(out)
+
+    def shutdown(self) -> None:
+        for watcher in self._watchers.values():
+            watcher.cancel()
+        for actor in self.actors:
+            try:
+                ray.get(actor.close.remote(), timeout=15)
+            except Exception as exc:  # already dead or hung: kill it anyway
+                log.warning("closing an env pool failed: %r", exc)
+            ray.kill(actor, no_restart=True)

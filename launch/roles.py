@@ -1,0 +1,114 @@
+"""Starting and stopping the roles of a run: learner ranks, generator replicas, env-pool actors.
+
+Order matters: the learner binds the weights channel first, the generators subscribe to it, and the env pools
+get a policy client over the generators. Each role reserves the Ray resources its config section names, so
+scaling is a matter of counts (`learner.num_ranks`, `generator.num_replicas`, `env.num_actors`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from configs.schema import RootConfig
+from core.rollout import EpisodeLimits
+
+log = logging.getLogger("agentgym.roles")
+
+
+def advertised(endpoint: str) -> str:
+    """An endpoint others can connect to: a wildcard bind is advertised under this node's address."""
+    if "://0.0.0.0:" not in endpoint:
+        return endpoint
+    import ray
+
+    return endpoint.replace("0.0.0.0", ray.util.get_node_ip_address())
+
+
+@dataclass
+class Roles:
+    cfg: RootConfig
+    model_dir: Path
+    learners: Any
+    generators: list
+    policy: Any
+    pools: Any
+
+    @classmethod
+    def start(cls, cfg: RootConfig, trajectory_endpoint: str, limits: EpisodeLimits,
+              resume_learner: Path | None = None) -> "Roles":
+        from core.models import resolve_model
+        from launch.generators import start_generators
+        from launch.learners import LearnerGroup
+        from launch.pools import PoolSupervisor
+        from actors.policy_client import PolicyClient
+
+        model_dir = resolve_model(cfg.model.path, cfg.model.cache_dir)
+        learners = LearnerGroup(model_dir, cfg.model.dtype, cfg.learner, cfg.algorithm,
+                                sampling_temperature=cfg.rollout.temperature, weights_host=cfg.transport.host,
+                                weights_port=cfg.transport.weights_port,
+                                weights_chunk_bytes=cfg.transport.weights_chunk_mb << 20)
+        generators, pools = [], None
+        try:
+            if resume_learner is not None:
+                learners.load_checkpoint(str(resume_learner))
+            generators = start_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
+                                          max_model_len=cfg.rollout.max_context_tokens,
+                                          weights_endpoint=advertised(learners.weights_endpoint))
+            learners.wait_for_subscribers(len(generators), timeout_s=120)
+            policy = PolicyClient(generators)
+            pools = PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint)
+            pools.wait_ready()
+        except BaseException:
+            cls._stop_parts(learners, generators, pools)
+            raise
+        return cls(cfg, model_dir, learners, generators, policy, pools)
+
+    def stats(self) -> dict[str, float]:
+        """Env-pool and generator counters (namespaced), for the step's metrics."""
+        import ray
+
+        out: dict[str, float] = {}
+        for key, value in self.pools.stats().items():
+            out[key if "/" in key else f"env/{key}"] = float(value)
+        for i, handle in enumerate(self.generators):
+            try:
+                stats = ray.get(handle.get_stats.remote(), timeout=10)
+            except Exception as exc:
+                log.warning("generator %d stats unavailable: %r", i, exc)
+                continue
+            for key, value in stats.items():
+                if isinstance(value, (int, float)):
+                    out[f"perf/generator{i}/{key}"] = float(value)
+        return out
+
+    def save_policy(self, folder: Path) -> None:
+        """The current policy as a Hugging Face folder (what `launch.eval --model` and generators load)."""
+        from core.models import save_policy_folder
+
+        save_policy_folder(self.learners.gather_weights(), self.model_dir, folder)
+
+    def wandb_sink(self, out: Path, run_id: str):
+        if self.cfg.logging.wandb_mode == "disabled":
+            return None
+        from launch.run import config_record
+        from launch.wandb_sink import WandbSink
+
+        return WandbSink(self.cfg.logging.wandb_mode, self.cfg.logging.project, self.cfg.logging.run_name, out,
+                         config_record(self.cfg), run_id=run_id or None)
+
+    def stop(self) -> None:
+        self._stop_parts(self.learners, self.generators, self.pools)
+
+    @staticmethod
+    def _stop_parts(learners, generators, pools) -> None:
+        from launch.generators import stop_generators
+
+        for what, stop in (("env pools", lambda: pools and pools.shutdown()),
+                           ("generators", lambda: generators and stop_generators(generators)),
+                           ("learners", lambda: learners and learners.shutdown())):
+            try:
+                stop()
+            except Exception as exc:  # keep stopping the rest
+                log.warning("stopping %s failed: %r", what, exc)

@@ -1,0 +1,160 @@
+"""One training session: the roles it starts, what it resumes from, and what it writes as it goes."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+
+from actors.coordinator import Coordinator, RunState
+from actors.group_buffer import GroupInfo
+from configs.schema import RootConfig
+from core.checkpoint import CheckpointStore, write_json
+from core.horizon import HorizonSchedule
+from core.metrics import JsonlSink
+from core.rollout import EpisodeLimits
+from core.staleness import StalenessGate
+from core.transport import TrajectoryReceiver
+from environments.item_sampler import mix_sampler
+from launch.progress import Progress
+from launch.roles import Roles, advertised
+
+log = logging.getLogger("agentgym.session")
+
+
+def _truncate_jsonl(path: Path, max_step: int) -> None:
+    """Keep the records of steps <= max_step (a resumed run rewrites what came after its checkpoint)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= max_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class TrainingSession:
+    def __init__(self, cfg: RootConfig, out: Path):
+        self.cfg, self.out = cfg, out
+        self.store = CheckpointStore(out / "checkpoints", cfg.checkpoint.keep_last)
+        self.resume_from = self.store.resolve(cfg.checkpoint.resume)
+        self.state = RunState()
+        sampler_state = None
+        if self.resume_from is not None:
+            saved = json.loads((self.resume_from / "coordinator.json").read_text())
+            self.state = RunState(**saved["state"])
+            self.state.incarnation += 1
+            sampler_state = saved["sampler"]
+            log.info("resuming from %s at step %d", self.resume_from, self.state.step)
+        self.schedule = HorizonSchedule.from_config(cfg.algorithm)
+        self.sampler = mix_sampler(cfg.env, cfg.env.train_split, seed=cfg.trainer.seed)
+        if sampler_state is not None:
+            self.sampler.load_state_dict(sampler_state)
+        for name in ("metrics.jsonl", "trained.jsonl", "groups.jsonl"):
+            _truncate_jsonl(out / name, self.state.step)
+        self.roles: Roles | None = None
+        self.coordinator: Coordinator | None = None
+        self.progress: Progress | None = None
+        self._stop = False
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.cfg
+        self.receiver = TrajectoryReceiver(cfg.transport.host, cfg.transport.trajectory_port, cfg.transport.hwm)
+        limits = EpisodeLimits(
+            max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_context_tokens=cfg.rollout.max_context_tokens,
+            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, format_reward=cfg.rollout.format_reward,
+            instruction_role=cfg.rollout.instruction_role)
+        self.roles = Roles.start(cfg, advertised(self.receiver.endpoint), limits,
+                                 resume_learner=self.resume_from / "learner" if self.resume_from else None)
+        self.metrics = JsonlSink(self.out / "metrics.jsonl")
+        self.wandb = self.roles.wandb_sink(self.out, self.state.wandb_run_id)
+        self.state.wandb_run_id = getattr(self.wandb, "run_id", "")
+        self.trained_log = open(self.out / "trained.jsonl", "a")
+        self.groups_log = open(self.out / "groups.jsonl", "a")
+        self.progress = Progress(cfg.trainer.total_steps, self.state.step, enabled=cfg.logging.progress_bar)
+        gate = StalenessGate(cfg.trainer.max_staleness, cfg.trainer.groups_per_step,
+                             started=self.state.step * cfg.trainer.groups_per_step)
+        slots = cfg.env.num_actors * cfg.env.slots_per_actor
+        self.coordinator = Coordinator(
+            pools=self.roles.pools, learners=self.roles.learners, receiver=self.receiver, sampler=self.sampler,
+            gate=gate, schedule=self.schedule, group_size=cfg.rollout.group_size, total_steps=cfg.trainer.total_steps,
+            max_in_flight=max(cfg.trainer.groups_per_step, -(-2 * slots // cfg.rollout.group_size)),
+            on_step=self._on_step, should_checkpoint=self._should_checkpoint, save=self._save,
+            state=self.state, ack_timeout_s=cfg.transport.weights_ack_timeout_s,
+            on_group_started=self._on_group_started)
+        if self._stop:
+            self.coordinator.stop_requested = True
+
+    async def train(self) -> RunState:
+        started = time.monotonic()
+        state = await self.coordinator.run()
+        log.info("trained %d steps in %.1f min", state.step, (time.monotonic() - started) / 60)
+        return state
+
+    def request_stop(self) -> None:
+        self._stop = True
+        if self.coordinator is not None:
+            self.coordinator.stop_requested = True
+
+    def finish(self, evaluate: bool) -> None:
+        """Final checkpoint, the plot, and (at the end of training) the evaluation."""
+        self._save(self.coordinator.snapshot())
+        from launch.plot import plot_run
+
+        plot_run(self.out / "metrics.jsonl", self.out / "training.png", title=self.out.name)
+        if evaluate:
+            from launch.evaluate import evaluate_with
+
+            evaluate_with(self.cfg, self.roles, self.out / "eval")
+
+    def close(self) -> None:
+        for f in ("trained_log", "groups_log"):
+            if hasattr(self, f):
+                getattr(self, f).close()
+        if self.progress is not None:
+            self.progress.close()
+        for sink in ("metrics", "wandb"):
+            if getattr(self, sink, None) is not None:
+                getattr(self, sink).close()
+        if self.roles is not None:
+            self.roles.stop()
+        if hasattr(self, "receiver"):
+            self.receiver.close()
+
+    # -- callbacks from the coordinator ------------------------------------------------------------------------
+
+    def _on_group_started(self, info: GroupInfo) -> None:
+        self.groups_log.write(json.dumps({"step": info.started_step, "group_id": info.group_id,
+                                          "item_id": info.item_id, "draw": info.draw, "horizon": info.horizon,
+                                          "version": info.started_version, "attempt": info.attempt}) + "\n")
+        self.groups_log.flush()
+
+    def _on_step(self, step: int, metrics: dict[str, float], batch: list[GroupInfo]) -> None:
+        metrics["rollout/horizon_in_force"] = float(self.schedule.horizon_at(step))
+        metrics["rollout/horizon_stage"] = float(self.schedule.stage_at(step))
+        if step % self.cfg.logging.log_every == 0 or step == self.cfg.trainer.total_steps:
+            metrics.update(self.roles.stats())
+        self.metrics.log(step, metrics)
+        if self.wandb is not None:
+            self.wandb.log(step, metrics)
+        self.trained_log.write(json.dumps({
+            "step": step, "version_trained": int(metrics.get("policy/version", step)) - 1,
+            "groups": [g.group_id for g in batch],
+            "trajectories": [t.trajectory_id for g in batch for t in g.samples],
+            "oldest_versions": [t.oldest_version() for g in batch for t in g.samples],
+            "horizons": [g.horizon for g in batch]}) + "\n")
+        self.trained_log.flush()
+        self.progress.update(step, metrics)
+
+    def _should_checkpoint(self, step: int) -> bool:
+        every = self.cfg.checkpoint.every_steps
+        return (every > 0 and step % every == 0) or self._stop
+
+    def _save(self, state: RunState) -> None:
+        tmp = self.store.begin(state.step)
+        self.roles.learners.save_checkpoint(str(tmp / "learner"))
+        self.roles.save_policy(tmp / "policy")
+        write_json(tmp / "coordinator.json", {"state": dataclasses.asdict(state),
+                                              "sampler": self.sampler.state_dict()})
+        final = self.store.commit(tmp, state.step, {"version": state.version})
+        log.info("checkpoint %s", final)
