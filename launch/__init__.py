@@ -7,3 +7,12 @@ import os as _os
 
 _os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 _os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# `python -m launch.X` puts the working directory on sys.path as "" (relative): pin the checkout's absolute
+# path, because Ray's job runtime may change the directory while the driver starts.
+import sys as _sys
+from pathlib import Path as _Path
+
+_ROOT = str(_Path(__file__).resolve().parents[1])
+if _ROOT not in _sys.path:
+    _sys.path.insert(0, _ROOT)

@@ -39,6 +39,13 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 
+# The two-node cluster test builds network namespaces with iproute2's `ip`.
+if ! command -v ip >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "install.sh: installing iproute2 with apt (network namespaces for the two-node test)"
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; } >/dev/null \
+    || echo "install.sh: warning: apt-get install iproute2 failed" >&2
+fi
+
 STAMP_SRC=$(cat pyproject.toml launch/install.sh; echo "$FLAVOR")
 STAMP=$(printf '%s' "$STAMP_SRC" | sha256sum | cut -c1-16)
 if [ -f "$VENV/.agentgym-installed" ] && [ "$(cat "$VENV/.agentgym-installed")" = "$STAMP" ]; then

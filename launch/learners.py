@@ -84,6 +84,7 @@ class LearnerGroup:
                 .remote(rank, n, str(model_path), dtype, learner, algorithm, sampling_temperature)
                 for rank in range(n)]
             nodes = [_node_of(a) for a in self.actors]
+            self.rank0_address = nodes[0][1]  # where rank 0 (the weights publisher) runs
             host = LOOPBACK if len({node_id for node_id, _ in nodes}) == 1 else nodes[0][1]
             port = ray.get(self.actors[0].free_port.remote(host))
             self.master = (host, port)

@@ -46,7 +46,8 @@ class PoolSupervisor:
         self.env_cfg = env_cfg
         count = num_actors or env_cfg.num_actors
         remote = ray.remote(EnvPool).options(
-            max_restarts=env_cfg.max_actor_restarts, max_task_retries=0, num_cpus=env_cfg.num_cpus_per_actor)
+            max_restarts=env_cfg.max_actor_restarts, max_task_retries=0, num_cpus=env_cfg.num_cpus_per_actor,
+            scheduling_strategy="SPREAD")  # over every node with free CPUs: env throughput scales with nodes
         self.actors = [remote.remote(env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint,
                                      f"{name}-{k}", send_timeout_s, env_factory) for k in range(count)]
         self.names = [f"{name}-{k}" for k in range(count)]

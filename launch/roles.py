@@ -17,13 +17,14 @@ from core.rollout import EpisodeLimits
 log = logging.getLogger("agentgym.roles")
 
 
-def advertised(endpoint: str) -> str:
-    """An endpoint others can connect to: a wildcard bind is advertised under this node's address."""
+def advertised(endpoint: str, node_address: str = "") -> str:
+    """An endpoint others can connect to: a wildcard bind is advertised under the binding node's address
+    (`node_address`, or this process's node)."""
     if "://0.0.0.0:" not in endpoint:
         return endpoint
     import ray
 
-    return endpoint.replace("0.0.0.0", ray.util.get_node_ip_address())
+    return endpoint.replace("0.0.0.0", node_address or ray.util.get_node_ip_address())
 
 
 @dataclass
@@ -55,7 +56,8 @@ class Roles:
                 learners.load_checkpoint(str(resume_learner))
             generators = start_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
                                           max_model_len=cfg.rollout.max_context_tokens,
-                                          weights_endpoint=advertised(learners.weights_endpoint))
+                                          weights_endpoint=advertised(learners.weights_endpoint,
+                                                                     learners.rank0_address))
             learners.wait_for_subscribers(len(generators), timeout_s=120)
             policy = PolicyClient(generators)
             pools = PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint)
@@ -64,6 +66,16 @@ class Roles:
             cls._stop_parts(learners, generators, pools)
             raise
         return cls(cfg, model_dir, learners, generators, policy, pools)
+
+    def placement(self) -> dict[str, list[str]]:
+        """Role -> the node address of each of its actors (written to the run folder as placement.json)."""
+        import ray
+
+        def where(actor):
+            return actor.__ray_call__.remote(lambda self: ray.util.get_node_ip_address())
+
+        roles = {"EnvPool": self.pools.actors, "Generator": self.generators, "Learner": self.learners.actors}
+        return {role: ray.get([where(a) for a in actors], timeout=60) for role, actors in roles.items()}
 
     def stats(self) -> dict[str, float]:
         """Env-pool and generator counters (namespaced), for the step's metrics."""
@@ -85,7 +97,7 @@ class Roles:
 
     def save_policy(self, folder: Path) -> None:
         """The current policy as a Hugging Face folder (what `launch.eval --model` and generators load)."""
-        from core.models import save_policy_folder
+        from core.policy_folder import save_policy_folder
 
         save_policy_folder(self.learners.gather_weights(), self.model_dir, folder)
 

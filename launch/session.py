@@ -31,6 +31,17 @@ def _truncate_jsonl(path: Path, max_step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
+def check_transport_reach(host: str) -> None:
+    """Loopback endpoints cannot be reached from other nodes: refuse them on a multi-node cluster."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if host in ("127.0.0.1", "localhost") and len(nodes) > 1:
+        raise SystemExit(f"launch.train: config error: transport.host: the Ray cluster has {len(nodes)} nodes, "
+                         "so its ZMQ endpoints must bind to an interface the other nodes reach: set "
+                         "transport.host to this node's address or 0.0.0.0 (it is 127.0.0.1)")
+
+
 class TrainingSession:
     def __init__(self, cfg: RootConfig, out: Path):
         self.cfg, self.out = cfg, out
@@ -59,6 +70,7 @@ class TrainingSession:
 
     def start(self) -> None:
         cfg = self.cfg
+        check_transport_reach(cfg.transport.host)
         self.receiver = TrajectoryReceiver(cfg.transport.host, cfg.transport.trajectory_port, cfg.transport.hwm)
         limits = EpisodeLimits(
             max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_context_tokens=cfg.rollout.max_context_tokens,
@@ -66,6 +78,7 @@ class TrainingSession:
             instruction_role=cfg.rollout.instruction_role)
         self.roles = Roles.start(cfg, advertised(self.receiver.endpoint), limits,
                                  resume_learner=self.resume_from / "learner" if self.resume_from else None)
+        write_json(self.out / "placement.json", self.roles.placement())
         self.metrics = JsonlSink(self.out / "metrics.jsonl")
         self.wandb = self.roles.wandb_sink(self.out, self.state.wandb_run_id)
         self.state.wandb_run_id = getattr(self.wandb, "run_id", "")
@@ -97,15 +110,18 @@ class TrainingSession:
             self.coordinator.stop_requested = True
 
     def finish(self, evaluate: bool) -> None:
-        """Final checkpoint, the plot, and (at the end of training) the evaluation."""
-        self._save(self.coordinator.snapshot())
+        """Final checkpoint (unless this step has one already), the plot, and the evaluation."""
+        latest = self.store.latest_complete()
+        if latest is None or latest.name != f"step_{self.state.step:08d}":
+            self._save(self.coordinator.snapshot())
         from launch.plot import plot_run
 
         plot_run(self.out / "metrics.jsonl", self.out / "training.png", title=self.out.name)
         if evaluate:
             from launch.evaluate import evaluate_with
 
-            evaluate_with(self.cfg, self.roles, self.out / "eval")
+            evaluate_with(self.cfg, self.roles, self.out / "eval",
+                          model_name=f"{self.cfg.model.path} after {self.state.step} steps ({self.out.name})")
 
     def close(self) -> None:
         for f in ("trained_log", "groups_log"):
