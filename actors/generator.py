@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.session_slots import SessionSlots
-from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, checkpoint_tensors, staged_nbytes
+from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
 from configs.generation import GeneratorConfig
+from core.models import checkpoint_tensors
 from core.policy import GenerationRequest, GenerationResult
 from core.weights_channel import TensorBytes, WeightSet, WeightSubscriber
 

@@ -21,11 +21,9 @@ What must hold:
 """
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 
@@ -33,10 +31,6 @@ from core.weights_channel import TensorBytes
 
 ALIGN = 64
 WORKER_EXTENSION = "actors.vllm_weights.WeightLoadExtension"
-
-# safetensors header dtype codes -> the weights channel's dtype strings
-_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
-                       "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
 
 def _bytes(data) -> memoryview:
@@ -54,22 +48,6 @@ def staged_nbytes(tensors: dict[str, tuple[str, tuple[int, ...]]], itemsize: int
             n *= d
         total += (n + ALIGN - 1) // ALIGN * ALIGN
     return total
-
-
-def checkpoint_tensors(model_dir: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{name: (dtype, shape)} of every tensor in the folder's safetensors files, read from their headers."""
-    found: dict[str, tuple[str, tuple[int, ...]]] = {}
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
-    for path in files:
-        with open(path, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                found[name] = (_SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"]), tuple(entry["shape"]))
-    return found
 
 
 def default_staging_dir(nbytes: int) -> Path:
@@ -94,10 +72,10 @@ class WeightStaging:
         """Create the file now and touch every page, so the first version is copied at memcpy speed."""
         self._ensure(nbytes)
         assert self._map is not None
-        page = mmap.PAGESIZE
-        zero = bytes(page)
-        for off in range(0, len(self._map) - page + 1, page):
-            self._map[off:off + page] = zero
+        block = bytes(1 << 20)
+        for off in range(0, len(self._map), len(block)):
+            n = min(len(block), len(self._map) - off)
+            self._map[off:off + n] = block[:n]
 
     def write(self, tensors: list[TensorBytes]) -> tuple[str, list[tuple[str, str, list[int], int, int]]]:
         """Copy `tensors` into the staging file; returns (path, index) for `agentgym_load_weights`."""
