@@ -8,7 +8,8 @@ decoded; writing them once into a memory-mapped staging file and passing only it
 
 What must hold:
 - `WeightStaging.write` lays every tensor out at an aligned offset in one file and returns the index
-  (name, dtype, shape, offset, nbytes); the file is reused across versions so its pages stay allocated.
+  (name, dtype, shape, offset, nbytes); the file is reused across versions so its pages stay allocated, and
+  it is unlinked as soon as it exists (the engine opens it through /proc), so no exit leaves it behind.
 - `WeightLoadExtension` is mixed into vLLM's worker class (`worker_extension_cls`); its
   `agentgym_load_weights(path, index)` maps the file, views each tensor without copying, and hands them to the
   worker's `reload_weights` (vLLM re-runs its per-layer processing, e.g. the CPU GEMM weight packing). The model
@@ -67,6 +68,7 @@ class WeightStaging:
         self.path: Path | None = None
         self._file = None
         self._map: mmap.mmap | None = None
+        self._unlink = False
 
     def reserve(self, nbytes: int) -> None:
         """Create the file now and touch every page, so the first version is copied at memcpy speed."""
@@ -101,7 +103,14 @@ class WeightStaging:
         os.ftruncate(fd, size)
         self._file = os.fdopen(fd, "r+b")
         self._map = mmap.mmap(self._file.fileno(), size)
-        self.path = Path(path)
+        proc_path = Path(f"/proc/{os.getpid()}/fd/{fd}")
+        if proc_path.exists():
+            # Unlinked at once and reached through /proc by the engine (same machine, same user): the memory
+            # goes back when this process ends, however it ends (a killed actor leaves nothing in /dev/shm).
+            os.unlink(path)
+            self.path, self._unlink = proc_path, False
+        else:
+            self.path, self._unlink = Path(path), True
 
     def close(self) -> None:
         if self._map is not None:
@@ -110,9 +119,9 @@ class WeightStaging:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self.path is not None:
+        if self.path is not None and self._unlink:
             self.path.unlink(missing_ok=True)
-            self.path = None
+        self.path = None
 
 
 class WeightLoadExtension:
