@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.session_slots import SessionSlots
-from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, checkpoint_tensors, staged_nbytes
+from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
 from configs.generation import GeneratorConfig
+from core.models import checkpoint_tensors
 from core.policy import GenerationRequest, GenerationResult
 from core.weights_channel import TensorBytes, WeightSet, WeightSubscriber
 
@@ -96,11 +97,8 @@ class Generator:
         self.engine = self._start_engine(replica_index)
         cache = self.engine.vllm_config.cache_config
         self.kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
-        per_session = cfg.session_tokens or max_model_len
-        capacity = cfg.max_sessions or max(1, self.kv_tokens // per_session)
-        self.slots = SessionSlots(capacity, cfg.session_idle_s)
-        log.info("%s: %d KV-cache tokens, admitting %d episodes at once (%d tokens each)", name,
-                 self.kv_tokens, capacity, per_session)
+        self.slots = SessionSlots(1, cfg.session_idle_s)
+        self._admit_for(cfg.session_tokens or max_model_len)
 
     # -- engine ---------------------------------------------------------------------------------------------
 
@@ -142,6 +140,20 @@ class Generator:
         await self._stamp_initial_version()
         await self._sample([0], 1, GenerationRequest([0], 1, "warmup"))
         return self.describe()
+
+    async def set_session_tokens(self, tokens: int) -> int:
+        """Re-derive how many episodes are admitted at once from the KV-cache tokens one episode may need (say,
+        when the horizon grows); `generator.max_sessions`, when set, wins. Returns the capacity."""
+        return self._admit_for(tokens)
+
+    def _admit_for(self, tokens: int) -> int:
+        if tokens < 1:
+            raise ValueError(f"session tokens must be >= 1, got {tokens}")
+        capacity = self.cfg.max_sessions or max(1, self.kv_tokens // tokens)
+        self.slots.resize(capacity)
+        log.info("%s: %d KV-cache tokens, admitting %d episodes at once (%d tokens each)", self.name,
+                 self.kv_tokens, capacity, tokens)
+        return capacity
 
     async def _stamp_initial_version(self) -> None:
         if not self._version_set:  # the engine starts at version "default"; ours is an int

@@ -5,8 +5,9 @@ What must hold:
   conversation so far (and whose admission slot the episode holds).
 - A new session goes to the replica with the lowest load (admitted + waiting episodes over its capacity),
   asked from the replicas themselves (several env pools route independently, so a local count alone would
-  be blind to the others); sessions this client has just routed but that have not reached their replica yet
-  are counted too, so a burst of new episodes spreads instead of piling onto one replica.
+  be blind to the others); sessions this client routed whose first request is not answered yet are counted
+  too (the replica may not count them yet), so a burst of new episodes spreads instead of piling onto one
+  replica. Ties rotate from a random start, so independent clients do not all prefer replica 0.
 - It is picklable (the handles travel; the routing table starts empty in the new process), so it can be given
   to env-pool actors. It holds handles, never imports the generator.
 """

@@ -73,6 +73,13 @@ class SessionSlots:
         if session in self._last:
             self._last[session] = time.monotonic()
 
+    def resize(self, capacity: int) -> None:
+        """A new capacity (e.g. episodes grow longer with the horizon); holders above it keep their slots."""
+        if capacity < 1:
+            raise ValueError(f"session capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._wake()
+
     def release(self, session: str) -> bool:
         """The session ended: free its slot. Returns whether it held one."""
         held = session in self._last

@@ -8,7 +8,8 @@ decoded; writing them once into a memory-mapped staging file and passing only it
 
 What must hold:
 - `WeightStaging.write` lays every tensor out at an aligned offset in one file and returns the index
-  (name, dtype, shape, offset, nbytes); the file is reused across versions so its pages stay allocated.
+  (name, dtype, shape, offset, nbytes); the file is reused across versions so its pages stay allocated, and
+  it is unlinked as soon as it exists (the engine opens it through /proc), so no exit leaves it behind.
 - `WeightLoadExtension` is mixed into vLLM's worker class (`worker_extension_cls`); its
   `agentgym_load_weights(path, index)` maps the file, views each tensor without copying, and hands them to the
   worker's `reload_weights` (vLLM re-runs its per-layer processing, e.g. the CPU GEMM weight packing). The model
@@ -21,11 +22,9 @@ What must hold:
 """
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 
@@ -33,10 +32,6 @@ from core.weights_channel import TensorBytes
 
 ALIGN = 64
 WORKER_EXTENSION = "actors.vllm_weights.WeightLoadExtension"
-
-# safetensors header dtype codes -> the weights channel's dtype strings
-_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
-                       "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
 
 def _bytes(data) -> memoryview:
@@ -56,22 +51,6 @@ def staged_nbytes(tensors: dict[str, tuple[str, tuple[int, ...]]], itemsize: int
     return total
 
 
-def checkpoint_tensors(model_dir: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{name: (dtype, shape)} of every tensor in the folder's safetensors files, read from their headers."""
-    found: dict[str, tuple[str, tuple[int, ...]]] = {}
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
-    for path in files:
-        with open(path, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                found[name] = (_SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"]), tuple(entry["shape"]))
-    return found
-
-
 def default_staging_dir(nbytes: int) -> Path:
     """/dev/shm when it exists and has room for `nbytes` (with a margin), else the system temp folder."""
     shm = Path("/dev/shm")
@@ -89,15 +68,16 @@ class WeightStaging:
         self.path: Path | None = None
         self._file = None
         self._map: mmap.mmap | None = None
+        self._unlink = False
 
     def reserve(self, nbytes: int) -> None:
         """Create the file now and touch every page, so the first version is copied at memcpy speed."""
         self._ensure(nbytes)
         assert self._map is not None
-        page = mmap.PAGESIZE
-        zero = bytes(page)
-        for off in range(0, len(self._map) - page + 1, page):
-            self._map[off:off + page] = zero
+        block = bytes(1 << 20)
+        for off in range(0, len(self._map), len(block)):
+            n = min(len(block), len(self._map) - off)
+            self._map[off:off + n] = block[:n]
 
     def write(self, tensors: list[TensorBytes]) -> tuple[str, list[tuple[str, str, list[int], int, int]]]:
         """Copy `tensors` into the staging file; returns (path, index) for `agentgym_load_weights`."""
@@ -123,7 +103,14 @@ class WeightStaging:
         os.ftruncate(fd, size)
         self._file = os.fdopen(fd, "r+b")
         self._map = mmap.mmap(self._file.fileno(), size)
-        self.path = Path(path)
+        proc_path = Path(f"/proc/{os.getpid()}/fd/{fd}")
+        if proc_path.exists():
+            # Unlinked at once and reached through /proc by the engine (same machine, same user): the memory
+            # goes back when this process ends, however it ends (a killed actor leaves nothing in /dev/shm).
+            os.unlink(path)
+            self.path, self._unlink = proc_path, False
+        else:
+            self.path, self._unlink = Path(path), True
 
     def close(self) -> None:
         if self._map is not None:
@@ -132,9 +119,9 @@ class WeightStaging:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self.path is not None:
+        if self.path is not None and self._unlink:
             self.path.unlink(missing_ok=True)
-            self.path = None
+        self.path = None
 
 
 class WeightLoadExtension:

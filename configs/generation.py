@@ -82,5 +82,6 @@ class GeneratorConfig:
     2 shared cores with the default model, 29-33 -> 54-60 tokens/s. ACTIVE may win on dedicated cores; empty
     leaves the environment alone."""
     weights_staging_dir: str = spec("")
-    """Folder of the file through which a weight version reaches the vLLM engine process (mapped, not piped).
-    Empty: /dev/shm when it has room, else the system temp folder."""
+    """Folder of the file through which a weight version reaches the vLLM engine process (mapped, not piped); it
+    holds one float32 copy of the weights per replica, reserved at start. Empty: /dev/shm when it has room for
+    twice that, else the system temp folder."""

@@ -13,6 +13,8 @@ What must hold:
   writes a completion marker last, then renames. Concurrent processes (a learner and generators starting
   together) serialize on a file lock, so one converts and the others wait and reuse its result.
 - Any failure names `model.path` and what was expected.
+- `save_policy_folder` writes trained weights as a folder of the same layout (the base model's config,
+  tokenizer and chat template, the weights in safetensors), which every loader above accepts as `model.path`.
 """
 from __future__ import annotations
 
@@ -23,10 +25,14 @@ import json
 import logging
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
+
+from core.weights_channel import TensorBytes
 
 log = logging.getLogger("agentgym.models")
 
@@ -165,3 +171,68 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# safetensors header dtype codes <-> the weights channel's dtype strings
+SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+_WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json", "*.bin", "pytorch_model.bin.index.json", COMPLETE)
+
+
+def checkpoint_tensors(model_dir: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype, shape)} of every tensor in the folder's safetensors files, read from their headers."""
+    found: dict[str, tuple[str, tuple[int, ...]]] = {}
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
+    for path in files:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                found[name] = (SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"]), tuple(entry["shape"]))
+    return found
+
+
+def save_policy_folder(tensors: Sequence[TensorBytes], base_dir: str | Path, folder: str | Path) -> Path:
+    """Write `tensors` (checkpoint names) as a model folder next to the base model's config and tokenizer.
+
+    Every tensor of the base checkpoint must be there, with its shape; for tied embeddings an `lm_head.weight`
+    is dropped, as in the base checkpoint. Raises ValueError naming the first tensor that does not fit.
+    """
+    base, out = Path(base_dir), Path(folder)
+    expected = checkpoint_tensors(base)
+    config = json.loads((base / "config.json").read_text())
+    by_name = {t.name: t for t in tensors}
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in expected:
+        by_name.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(by_name))
+    unknown = sorted(set(by_name) - set(expected))
+    if missing or unknown:
+        raise ValueError(f"policy weights: missing {missing[:5]}, unknown {unknown[:5]} (base {base})")
+    header: dict[str, dict] = {}
+    offset = 0
+    for name in sorted(by_name):
+        t = by_name[name]
+        if tuple(t.shape) != tuple(expected[name][1]):
+            raise ValueError(f"policy weights: {name} has shape {tuple(t.shape)}, the base has {expected[name][1]}")
+        if t.dtype not in _TO_SAFETENSORS:
+            raise ValueError(f"policy weights: {name} has unsupported dtype {t.dtype!r}")
+        n = memoryview(t.data).nbytes
+        header[name] = {"dtype": _TO_SAFETENSORS[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format pads the header to 8 bytes
+    out.mkdir(parents=True, exist_ok=True)
+    for item in base.iterdir():
+        if item.is_file() and not any(item.match(p) for p in _WEIGHT_FILES):
+            shutil.copy2(item, out / item.name)
+    with open(out / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name in sorted(by_name):
+            view = memoryview(by_name[name].data)
+            f.write(view.cast("B") if view.nbytes else b"")
+    return out

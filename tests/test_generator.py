@@ -92,11 +92,13 @@ def max_diff(a, b) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
 
-def test_tiny_model_has_tied_embeddings(tiny_model_dir, gen):
+def test_tiny_model_has_tied_embeddings(tiny_model_dir, gen, loop):
     assert json.loads((tiny_model_dir / "config.json").read_text())["tie_word_embeddings"] is True
     assert gen.describe()["tied_embeddings"] is True
-    # The admission capacity follows from the KV cache the engine really got.
+    # The admission capacity follows from the KV cache the engine really got, and from the episode budget.
     assert gen.kv_tokens > 0 and gen.slots.capacity == gen.kv_tokens // 1024
+    assert run(loop, gen.set_session_tokens(4096)) == gen.kv_tokens // 4096 == gen.slots.capacity
+    run(loop, gen.set_session_tokens(1024))
 
 
 def test_sampled_tokens_carry_reference_logprobs_and_version(gen, ref, loop):

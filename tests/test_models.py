@@ -113,3 +113,26 @@ def test_default_is_converted_once_under_concurrency(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(models, "convert_gguf", lambda g, t: (shutil.rmtree(t), fake_convert(g, t))[1])
     assert models.default_model_dir(str(tmp_path)) == results[0] and len(calls) == 1
+
+
+def test_saved_policy_folder_loads_with_the_trained_weights(tiny_model_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from core.models import checkpoint_tensors, save_policy_folder
+    from core.weights_channel import TensorBytes
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    trained = {k: v + 0.01 for k, v in base.state_dict().items()}  # lm_head.weight included, as a learner may
+    tensors = [TensorBytes(k, "float32", tuple(v.shape), v.contiguous().numpy().tobytes())
+               for k, v in trained.items()]
+    folder = save_policy_folder(tensors, tiny_model_dir, tmp_path / "policy")
+    assert checkpoint_tensors(folder) == checkpoint_tensors(tiny_model_dir)  # same names, dtypes, shapes
+    assert resolve_model(str(folder)) == folder.resolve()
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(v, trained[k]), k
+    assert AutoTokenizer.from_pretrained(folder).chat_template == AutoTokenizer.from_pretrained(
+        tiny_model_dir).chat_template
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        save_policy_folder([t for t in tensors if t.name != "model.norm.weight"], tiny_model_dir, tmp_path / "x")

@@ -80,3 +80,26 @@ def test_a_cancelled_waiter_gives_nothing_away():
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="capacity"):
         SessionSlots(0, 1.0)
+
+
+def test_resize_wakes_waiters_and_shrinking_keeps_holders():
+    async def main():
+        slots = SessionSlots(capacity=1, idle_s=60)
+        await slots.acquire("a")
+        waiter = asyncio.ensure_future(slots.acquire("b"))
+        await asyncio.sleep(0.02)
+        slots.resize(2)
+        await asyncio.wait_for(waiter, 1)
+        slots.resize(1)  # both keep their slots; a newcomer waits until one leaves and they fit again
+        newcomer = asyncio.ensure_future(slots.acquire("c"))
+        await asyncio.sleep(0.02)
+        assert slots.active == 2 and not newcomer.done()
+        slots.done("a")
+        slots.release("a")
+        await asyncio.sleep(0.02)
+        assert not newcomer.done()  # 1 holder == capacity 1
+        slots.done("b")
+        slots.release("b")
+        await asyncio.wait_for(newcomer, 1)
+
+    asyncio.run(main())

@@ -14,9 +14,10 @@ All in one run, side by side, with the default model unless `--model` says other
    from a timeline of finished requests (each time bin is attributed to the turn with most tokens in it):
    `turn10_over_turn1` (target >= 0.7; the last turn when --mt-turns differs).
 
-The KV cache (`--kv-gb`, default: room for `--episodes` episodes at the multi-turn budget) is the same for the
-actor and the offline engine. `--quick` shrinks everything for a 2-core smoke run. Timings on a shared machine
-are noisy: read the ratios, which are measured minutes apart in the same run.
+The KV cache (`--kv-gb`, default: the generator config's 2 GiB) is the same for the actor and the offline engine.
+The actor's admission budget is set per phase (`set_session_tokens`): a single-turn episode needs its prompt and
+reply, a multi-turn one its whole conversation. `--quick` shrinks everything for a 2-core smoke run. Timings on
+a shared machine are noisy: read the ratios, which are measured minutes apart in the same run.
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import argparse
 import asyncio
 import gc
 import json
-import math
 import os
 import random
 import statistics
@@ -249,8 +249,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mt-episodes", type=int, default=160, help="multi-turn episodes in flight")
     p.add_argument("--mt-turns", type=int, default=10)
     p.add_argument("--mt-tokens", type=int, default=32, help="tokens per multi-turn reply")
-    p.add_argument("--kv-gb", type=float, default=0.0,
-                   help="KV cache of each engine (0: room for --episodes episodes at the multi-turn budget)")
+    p.add_argument("--kv-gb", type=float, default=0.0, help="KV cache of each engine (0: the config default)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--compile", action="store_true", help="let vLLM compile (slow start); default is eager")
@@ -288,12 +287,12 @@ def main(argv: list[str]) -> int:
     obs_tokens = max(len(chat.user_turn(observation(rng, False))) for _ in range(50))
     budget = max(len(p) for p in prompts) + args.mt_turns * (args.mt_tokens + len(chat.closing(False)) + obs_tokens)
     budget = min(budget, args.max_model_len)
+    single_budget = max(len(p) for p in prompts) + args.max_tokens
     per_token = kv_bytes_per_token(model_dir, args.dtype)
-    if not args.kv_gb:
-        args.kv_gb = math.ceil(args.episodes * budget * per_token * 1.05 / (1 << 30) * 8) / 8
+    args.kv_gb = args.kv_gb or GeneratorConfig().kv_cache_gb
     print(f"model {model_dir.name} ({args.dtype}); prompts {min(map(len, prompts))}-{max(map(len, prompts))} "
-          f"tokens; episode budget {budget} tokens; KV cache {args.kv_gb} GiB = "
-          f"{int(args.kv_gb * (1 << 30) / per_token)} tokens", flush=True)
+          f"tokens; episode budget {single_budget} tokens single-turn, {budget} multi-turn; KV cache "
+          f"{args.kv_gb} GiB = {int(args.kv_gb * (1 << 30) / per_token)} tokens", flush=True)
 
     figures: dict[str, float] = {}
     rows = []
@@ -307,10 +306,10 @@ def main(argv: list[str]) -> int:
     publisher.wait_for_peers(1, timeout_s=60)
     import ray
 
-    info = ray.get(handles[0].describe.remote())
-    print(f"generator actor ready in {time.monotonic() - t0:.0f} s; admits {info['capacity']} episodes at once",
-          flush=True)
+    print(f"generator actor ready in {time.monotonic() - t0:.0f} s", flush=True)
     try:
+        capacity = ray.get(handles[0].set_session_tokens.remote(single_budget))
+        print(f"single turn: the actor admits {capacity} episodes at once", flush=True)
         asyncio.run(single_turn(PolicyClient(handles), prompts[:4], 8, "warm"))
         tokens, secs = asyncio.run(single_turn(PolicyClient(handles), prompts, args.max_tokens, "st"))
         figures["actor_tok_s"] = tokens / secs
@@ -318,12 +317,14 @@ def main(argv: list[str]) -> int:
         if "weights" not in skip:
             figures.update(weight_sync(publisher, handles[0], model_dir, args.weight_reps))
         if "multiturn" not in skip:
+            capacity = ray.get(handles[0].set_session_tokens.remote(budget))
+            print(f"multi-turn: the actor admits {capacity} of {args.mt_episodes} episodes at once", flush=True)
             rates, secs, short = asyncio.run(multi_turn(PolicyClient(handles), chat, args.mt_episodes,
                                                         args.mt_turns, args.mt_tokens, args.max_model_len))
             first, last = min(rates), max(rates)
             figures.update({"turn1_tok_s": rates[first], f"turn{last}_tok_s": rates[last],
                             "turn10_over_turn1": rates[last] / rates[first], "multiturn_s": secs,
-                            "multiturn_capacity": float(info["capacity"])})
+                            "multiturn_capacity": float(capacity)})
             if short:
                 print(f"note: {short} multi-turn episodes ended before turn {args.mt_turns} (context limit)")
             print(table(["turn", "tokens/s"], [(k, v) for k, v in rates.items()]), flush=True)
