@@ -229,10 +229,12 @@ def save_policy_folder(tensors: Sequence[TensorBytes], base_dir: str | Path, fol
     for item in base.iterdir():
         if item.is_file() and not any(item.match(p) for p in _WEIGHT_FILES):
             shutil.copy2(item, out / item.name)
-    with open(out / "model.safetensors", "wb") as f:
+    tmp = out / "model.safetensors.tmp"  # renamed when complete: a crash never leaves half a weights file
+    with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name in sorted(by_name):
             view = memoryview(by_name[name].data)
             f.write(view.cast("B") if view.nbytes else b"")
+    os.replace(tmp, out / "model.safetensors")
     return out

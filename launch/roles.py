@@ -27,6 +27,27 @@ def advertised(endpoint: str, node_address: str = "") -> str:
     return endpoint.replace("0.0.0.0", node_address or ray.util.get_node_ip_address())
 
 
+def check_resources(cfg: RootConfig) -> None:
+    """Refuse, naming the config keys, a run whose roles ask for more CPUs or GPUs than the cluster has
+    (Ray would otherwise wait forever to place them)."""
+    import ray
+
+    have = ray.cluster_resources()
+    asks = {
+        "CPU": [("learner.num_ranks * learner.num_cpus_per_rank", cfg.learner.num_ranks * cfg.learner.num_cpus_per_rank),
+                ("generator.num_replicas * generator.num_cpus", cfg.generator.num_replicas * cfg.generator.num_cpus),
+                ("env.num_actors * env.num_cpus_per_actor", cfg.env.num_actors * cfg.env.num_cpus_per_actor)],
+        "GPU": [("learner.num_ranks * learner.num_gpus_per_rank", cfg.learner.num_ranks * cfg.learner.num_gpus_per_rank),
+                ("generator.num_replicas * generator.num_gpus", cfg.generator.num_replicas * cfg.generator.num_gpus)],
+    }
+    for resource, parts in asks.items():
+        total = sum(v for _, v in parts)
+        if total > have.get(resource, 0) + 1e-9:
+            detail = ", ".join(f"{k} = {v:g}" for k, v in parts if v)
+            raise SystemExit(f"launch.train: config error: the roles ask for {total:g} {resource} ({detail}) but the "
+                             f"Ray cluster has {have.get(resource, 0):g}; lower those counts or add nodes")
+
+
 @dataclass
 class Roles:
     cfg: RootConfig
@@ -45,6 +66,7 @@ class Roles:
         from launch.pools import PoolSupervisor
         from actors.policy_client import PolicyClient
 
+        check_resources(cfg)
         model_dir = resolve_model(cfg.model.path, cfg.model.cache_dir)
         learners = LearnerGroup(model_dir, cfg.model.dtype, cfg.learner, cfg.algorithm,
                                 sampling_temperature=cfg.rollout.temperature, weights_host=cfg.transport.host,
@@ -97,7 +119,7 @@ class Roles:
 
     def save_policy(self, folder: Path) -> None:
         """The current policy as a Hugging Face folder (what `launch.eval --model` and generators load)."""
-        from core.policy_folder import save_policy_folder
+        from core.models import save_policy_folder
 
         save_policy_folder(self.learners.gather_weights(), self.model_dir, folder)
 
