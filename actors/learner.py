@@ -19,6 +19,7 @@ What must hold:
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from typing import Sequence
@@ -76,8 +77,15 @@ class Learner:
         from transformers import AutoModelForCausalLM
 
         use_gpu = self.cfg.num_gpus_per_rank > 0
-        if not use_gpu:  # as many threads as CPUs reserved, and one for a fractional reservation
-            torch.set_num_threads(max(1, int(self.cfg.num_cpus_per_rank)))
+        if self.cfg.cpu_cores:
+            try:
+                os.sched_setaffinity(0, self.cfg.cpu_cores)
+            except OSError:
+                raise ValueError(f"learner.cpu_cores={list(self.cfg.cpu_cores)}: this node's usable cores are "
+                                 f"{sorted(os.sched_getaffinity(0))}") from None
+        if not use_gpu:  # as many threads as CPUs reserved (or pinned), and one for a fractional reservation
+            threads = self.cfg.torch_threads or len(self.cfg.cpu_cores) or int(self.cfg.num_cpus_per_rank)
+            torch.set_num_threads(max(1, threads))
         self.device = zero_engine.init_process_group(self.rank, self.world_size, master_addr, master_port,
                                                      use_gpu)
         torch.manual_seed(self.cfg.seed)
@@ -143,26 +151,31 @@ class Learner:
         agreed = int(self._agree([local], "max")[0])
         return micro_batches(trajs, members, self.cfg.micro_batch_tokens, at_least=agreed)
 
-    def _proximal_pass(self, trajs) -> tuple[list[np.ndarray], list[np.ndarray] | None,
-                                              list[np.ndarray] | None, float]:
+    def _proximal_pass(self, trajs, policy: bool = True) -> tuple[list[np.ndarray] | None,
+                                                                 list[np.ndarray] | None,
+                                                                 list[np.ndarray] | None, float]:
         """Proximal logprobs [T] per trajectory (and values, reference logprobs), with today's weights, no
-        grad. Returns the entropy summed over sampled tokens too (a metric of the proximal policy)."""
+        grad. Returns the entropy summed over sampled tokens too (a metric of the proximal policy). With
+        `policy=False` only the reference model runs (proximal and values are None), and not at all without one."""
         def zeros() -> list[np.ndarray]:
             return [np.zeros(t.num_tokens, np.float32) for t in trajs]
 
-        proximal = zeros()
-        values = zeros() if self.algo.adv_estimator == "gae" else None
+        proximal = zeros() if policy else None
+        values = zeros() if policy and self.algo.adv_estimator == "gae" else None
         reference = zeros() if self.reference is not None else None
         entropy_sum = 0.0
+        if not policy and reference is None:
+            return proximal, values, reference, entropy_sum
         with torch.no_grad():
             for mb in self._plan(trajs, list(range(len(trajs)))):
-                out = self._run(self.engine, mb, with_entropy=True)
+                out = self._run(self.engine, mb, with_entropy=True) if policy else None
                 if self.reference is not None:
                     ref = self._run(self.reference, mb, with_entropy=False)
                 if mb.padding:
                     continue
-                mb.scatter(out.logprobs.float().cpu().numpy(), proximal)
-                entropy_sum += float(out.entropy.float().sum())
+                if out is not None:
+                    mb.scatter(out.logprobs.float().cpu().numpy(), proximal)
+                    entropy_sum += float(out.entropy.float().sum())
                 if values is not None:
                     mb.scatter(out.values.float().cpu().numpy(), values)
                 if reference is not None:
@@ -185,7 +198,11 @@ class Learner:
                                  f"adv_estimator={self.algo.adv_estimator}")
         trajs = [s.trajectory for s in samples]
         self.engine.train()
-        proximal, values, reference, entropy_sum = self._proximal_pass(trajs)
+        # One optimizer step over the batch: the proximal policy is the current one before that step, so the
+        # training forward's own (detached) logprobs serve, and the separate no-grad pass is skipped.
+        fused = (self.cfg.fuse_proximal_pass and self.cfg.ppo_epochs == 1 and self.cfg.mini_batches == 1
+                 and not gae)
+        proximal, values, reference, entropy_sum = self._proximal_pass(trajs, policy=not fused)
         returns = None
         if gae:
             pairs = [adv.gae(t, v, self.algo.gamma, self.algo.lam) for t, v in zip(trajs, values)]
@@ -208,7 +225,7 @@ class Learner:
                 grad_norm = self.engine.get_global_grad_norm()
                 grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
                 lrs.append(float(self.engine.get_lr()[0]))
-        metrics = self._metrics(trajs, sums, maxima, entropy_sum)
+        metrics = self._metrics(trajs, sums, maxima, sums.pop("entropy_sum", entropy_sum))
         metrics.update(grad_norm=float(np.mean(grad_norms)), grad_norm_max=float(np.max(grad_norms)),
                        lr=lrs[-1], optimizer_steps=float(len(grad_norms)), version=float(self.version + 1),
                        step_seconds=time.perf_counter() - start)
@@ -222,15 +239,19 @@ class Learner:
         local_tokens = sum(int(trajs[i].loss_mask.sum()) for i in part)
         local_seqs = sum(1 for i in part if trajs[i].loss_mask.any())
         total_tokens, total_seqs = self._agree([local_tokens, local_seqs], "sum")
-        use_entropy = self.settings.entropy_coef > 0
+        fused = proximal is None  # the proximal logprobs are this forward's own, detached
+        use_entropy = self.settings.entropy_coef > 0 or fused
         t = self._tensor
         for mb in mbs:
             out = self._run(self.engine, mb, with_entropy=use_entropy)
             weights = aggregation_weights(t(mb.seq_token_count), self.algo.loss_agg, total_tokens, total_seqs)
             # DeepSpeed averages gradients over ranks; the weights already make the global mean, so undo that.
             weights = weights * self.world_size if not mb.padding else torch.zeros_like(weights)
+            if fused and not mb.padding:
+                sums["entropy_sum"] = sums.get("entropy_sum", 0.0) + float(out.entropy.detach().float().sum())
             loss = decoupled_ppo_loss(
-                out.logprobs, t(mb.gather(proximal)), t(mb.gather(behaviour)), t(mb.gather(advantages)),
+                out.logprobs, out.logprobs.detach() if fused else t(mb.gather(proximal)),
+                t(mb.gather(behaviour)), t(mb.gather(advantages)),
                 weights, self.settings, entropy=out.entropy,
                 reference=t(mb.gather(reference)) if reference is not None else None,
                 values=out.values, old_values=t(mb.gather(values)) if values is not None else None,

@@ -17,6 +17,13 @@ class LearnerConfig:
     """Ray CPU resource per rank."""
     num_gpus_per_rank: float = spec(0.0, ge=0)
     """Ray GPU resource per rank (0 trains on CPU with gloo; >0 uses NCCL)."""
+    torch_threads: int = spec(0, ge=0)
+    """Compute threads of a rank training on CPU; 0: its num_cpus_per_rank (at least 1), or the count of
+    cpu_cores when those are set. More threads than reserved CPUs can pay when the generator idles while
+    the learner trains."""
+    cpu_cores: list[int] = spec([])
+    """Pin every rank's process to these core ids of its node (os.sched_setaffinity); empty: no pinning. For
+    benchmarks that keep the learner and the generator (generator.cpu_threads_bind) on separate cores."""
     lr: float = spec(1e-5, gt=0)
     """Peak learning rate."""
     warmup_steps: int = spec(0, ge=0)
@@ -40,6 +47,10 @@ class LearnerConfig:
     """Passes over each train batch."""
     mini_batches: int = spec(1, ge=1)
     """Optimizer steps per pass (the batch is split into this many mini-batches)."""
+    fuse_proximal_pass: bool = spec(True)
+    """With one optimizer step per batch (ppo_epochs = mini_batches = 1, GRPO-style advantages) the proximal
+    policy is the current one, so the training forward's own detached logprobs serve and the separate no-grad
+    pass is skipped (a quarter of a step's compute). False always runs the pass."""
     gradient_checkpointing: bool = spec(False)
     """Recompute activations in backward to save memory."""
     attn_implementation: str = spec("sdpa", choices=("sdpa", "eager", "flash_attention_2"))

@@ -13,7 +13,7 @@ from configs.env import FAMILIES
 from core.env import split_item_id
 from core.sampler import ItemSampler
 from environments.registry import get_family
-from environments.splits import load_split
+from environments.splits import load_split, split_path
 
 
 def family_items(name: str, env_cfg: Any, split: str, cache_dir: str | None = None) -> list[str]:
@@ -23,8 +23,13 @@ def family_items(name: str, env_cfg: Any, split: str, cache_dir: str | None = No
             raise ValueError("env.agentgym_http.task: name the task the server hosts (its dataset name)")
         ids = load_split(task, split, env_cfg.data_dir, cache_dir)
         return [f"agentgym_http_{split_item_id(i)[1]}" for i in ids]
-    ids = load_split(name, split, env_cfg.data_dir, cache_dir)
-    select = get_family(name).extras.get("select_items")
+    family = get_family(name)
+    # a family whose config names its own data (Search's qa_dir) splits it itself, unless data_dir has the file
+    own = family.extras.get("config_split_items")
+    ids = own(getattr(env_cfg, name), split) if own is not None else None
+    if ids is None or (env_cfg.data_dir and split_path(env_cfg.data_dir, name, split).is_file()):
+        ids = load_split(name, split, env_cfg.data_dir, cache_dir)
+    select = family.extras.get("select_items")
     return select(getattr(env_cfg, name), ids) if select else ids
 
 

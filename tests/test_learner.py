@@ -154,3 +154,33 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
         np.testing.assert_allclose(w_again[k], w_next[k], atol=1e-7, err_msg=k)
     assert m_again["train/grad_norm"] == pytest.approx(m_next["train/grad_norm"], rel=1e-6)
     assert max(float(np.abs(w_next[k] - w_three[k]).max()) for k in w_next) > 1e-4  # the step did move
+
+
+def test_one_step_batches_skip_the_proximal_pass_with_the_same_result(ray_local, tiny_model_dir, tiny_tokenizer):
+    """ppo_epochs = mini_batches = 1: the fused step (the training forward's own logprobs as the proximal ones)
+    moves the weights exactly as the two-pass step does, on stale batches, with the same metrics."""
+    from launch.learners import LearnerGroup
+
+    task = CueTask(tiny_tokenizer, turns=TURNS)
+    initial = _policy(tiny_model_dir)
+    batches = [task.sample(initial, 4, 4, version=0, seed=s) for s in (5, 6)]
+    results = {}
+    for fuse in (True, False):
+        cfg = LearnerConfig(num_ranks=1, zero_stage=1, lr=1e-2, micro_batch_tokens=64, seed=0,
+                            num_cpus_per_rank=CPUS_PER_RANK, fuse_proximal_pass=fuse)
+        group = LearnerGroup(tiny_model_dir, "float32", cfg, AlgorithmConfig(adv_estimator="grpo"),
+                             weights_host=None, setup_timeout_s=SETUP_TIMEOUT_S)
+        try:
+            metrics = [group.train_step(b) for b in batches]
+            results[fuse] = (metrics, _weights(group.gather_weights()))
+        finally:
+            group.shutdown()
+    (m_fused, w_fused), (m_two, w_two) = results[True], results[False]
+    before = {k: v.numpy() for k, v in initial.state_dict().items()}
+    assert max(float(np.abs(w_fused[k] - before[k]).max()) for k in before) > 1e-3
+    for k in w_two:
+        np.testing.assert_allclose(w_fused[k], w_two[k], atol=1e-6, rtol=0, err_msg=k)
+    for a, b in zip(m_fused, m_two):
+        for key in ("grad_norm", "policy_loss", "entropy", "is_weight_mean", "is_weight_max", "clip_frac"):
+            assert a[f"train/{key}"] == pytest.approx(b[f"train/{key}"], rel=1e-5, abs=1e-7), key
+    assert m_fused[1]["train/is_weight_max"] > 1.0  # the second batch is off-policy: the weights are at work

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from configs.env import SearchConfig
+from configs.env import EnvConfig, SearchConfig
+from environments.item_sampler import family_items
 from environments.registry import get_family
 from environments.searchqa import GENERATED_ITEMS, GENERATED_TEST
 from environments.searchqa.dataset import cache_root
@@ -49,7 +50,6 @@ def test_generated_qa_set(env, cfg):
         # the answer is copied from the last passage to read, and blanked out of the question
         assert record.golden_answers[0] in titles[record.gold_titles[-1]].text
         assert "____" in record.question and record.golden_answers[0] not in record.question
-    assert data.split_items("test")[-1] == f"searchqa_{GENERATED_TEST - 1}"
     with pytest.raises(ValueError):
         data.record(f"searchqa_{GENERATED_ITEMS}")
 
@@ -135,7 +135,10 @@ def test_bm25_index_is_built_once_and_user_corpora_load(tmp_path, cfg):
     (qa / "train.jsonl").write_text(json.dumps({"question": "Closest?", "golden_answers": "Alpha Centauri"}) + "\n")
     user = SearchEnv(SearchConfig(corpus_dir=str(corpus), qa_dir=str(qa), cache_dir=cfg.cache_dir))
     assert user.reset("searchqa_1").text == "Question: Closest?"
-    assert user.data.split_items("train") == ["searchqa_1"]
+    # the user's QA folder defines the splits (not the generated set's sizes), unless data_dir has split files
+    env_cfg = EnvConfig(mix={"searchqa": 1.0}, searchqa=SearchConfig(qa_dir=str(qa)))
+    assert family_items("searchqa", env_cfg, "train", cache_dir=str(tmp_path / "splits")) == ["searchqa_1"]
+    assert family_items("searchqa", env_cfg, "test", cache_dir=str(tmp_path / "splits")) == ["searchqa_0"]
     user.reset("searchqa_0")
     r = user.step("<search> Orion </search>")
     assert "Doc 1(Title: Betelgeuse) A red supergiant" in r.observation

@@ -12,7 +12,7 @@ from environments.registry import Family
 
 def make_env(cfg: Any) -> Env:
     """One BabyAI env from `env.babyai` (a configs.env.BabyAIConfig)."""
-    return run_sync_env(BabyAIEnv(parse_mode=cfg.parse_mode))
+    return run_sync_env(BabyAIEnv(parse_mode=cfg.parse_mode, prompt=cfg.prompt))
 
 
 def select_items(cfg: Any, item_ids: list[str]) -> list[str]:

@@ -23,7 +23,7 @@ import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
 from core.env import Observation, StepResult, SyncEnv
 from environments.babyai.levels import FAMILY_NAME, gym_id, level_and_seed
 from environments.babyai.macros import CHECK, DONE, MacroTable, canonical
-from environments.babyai.prompt import INSTRUCTION
+from environments.babyai.prompt import INSTRUCTIONS
 from environments.babyai.view import View
 from environments.parsing import last_named, parse_reply
 
@@ -31,8 +31,11 @@ from environments.parsing import last_named, parse_reply
 class BabyAIEnv(SyncEnv):
     family = FAMILY_NAME
 
-    def __init__(self, parse_mode: str = "lenient"):
+    def __init__(self, parse_mode: str = "lenient", prompt: str = "react"):
+        if prompt not in INSTRUCTIONS:
+            raise ValueError(f"babyai: unknown prompt {prompt!r}; expected one of {sorted(INSTRUCTIONS)}")
         self.parse_mode = parse_mode
+        self.instruction = INSTRUCTIONS[prompt]
         self._games: dict[str, Any] = {}
         self.game: Any = None
         self.level = ""
@@ -54,7 +57,7 @@ class BabyAIEnv(SyncEnv):
         self.level, self.mission, self.done = level, self.game.mission, False
         self._look()
         text = f"Your goal: {self.mission}\n{self.view.describe()}\n{self.listing()}"
-        return Observation(text=text, instruction=INSTRUCTION,
+        return Observation(text=text, instruction=self.instruction,
                            info={"level": level, "seed": seed, "max_steps": int(self.game.max_steps)})
 
     def close(self) -> None:

@@ -25,3 +25,9 @@ Thought:
 
 Action:
 <one available action>"""
+
+
+BRIEF_INSTRUCTION = """You are in a grid world. Each turn you see your goal, what is in front of you, and the \
+actions available now. Reply with exactly one of the available actions, as it is written, and nothing else."""
+
+INSTRUCTIONS = {"react": INSTRUCTION, "brief": BRIEF_INSTRUCTION}

@@ -46,6 +46,24 @@ def split_items(split: str) -> list[str]:
     raise ValueError(f"unknown split {split!r}: expected train or test")
 
 
+def config_split_items(cfg: SearchConfig, split: str) -> list[str] | None:
+    """The splits of a user's QA folder (`env.searchqa.qa_dir`: test.jsonl numbered first, then train.jsonl);
+    None for the generated set."""
+    if not cfg.qa_dir:
+        return None
+    from pathlib import Path
+
+    from environments.searchqa.dataset import read_qa_dir
+
+    records, sizes = read_qa_dir(Path(cfg.qa_dir))
+    test = sizes.get("test", 0)
+    if split == "test":
+        return [f"searchqa_{n}" for n in range(test)]
+    if split == "train":
+        return [f"searchqa_{n}" for n in range(test, len(records))]
+    raise ValueError(f"unknown split {split!r}: expected train or test")
+
+
 FAMILY = Family(
     name="searchqa",
     make_env=make_env,
@@ -57,5 +75,6 @@ FAMILY = Family(
         "contract_items": ["searchqa_0", "searchqa_3"],  # a single-hop and a two-hop item
         "max_instances_per_actor": lambda cfg: cfg.max_envs_per_actor,
         "split_items": split_items,
+        "config_split_items": config_split_items,
     },
 )

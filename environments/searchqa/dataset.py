@@ -119,14 +119,6 @@ class SearchData:
             raise ValueError(f"item id {item_id!r} is out of range: this QA set has ids 0..{len(self.records) - 1}")
         return self.records[n]
 
-    def split_items(self, split: str) -> list[str]:
-        test = self.split_sizes.get("test", 0)
-        if split == "test":
-            return [f"searchqa_{n}" for n in range(test)]
-        if split == "train":
-            return [f"searchqa_{n}" for n in range(test, len(self.records))]
-        raise ValueError(f"unknown split {split!r}: expected train or test")
-
 
 _SHARED: dict[tuple, SearchData] = {}
 _LOCK = threading.Lock()
