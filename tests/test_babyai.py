@@ -185,3 +185,12 @@ def test_expert_solves_single_room_levels_through_the_text_actions():
     rate = sum(ok for ok, _, _ in results.values()) / len(items)
     assert rate >= 0.95, f"expert success {rate:.3f} on single-room items"
     assert all(reward > 0 for ok, reward, _ in results.values() if ok)
+
+
+def test_brief_prompt_is_shorter_and_keeps_the_observation():
+    react, brief = BabyAIEnv(prompt="react"), BabyAIEnv(prompt="brief")
+    a, b = react.reset("babyai_2"), brief.reset("babyai_2")
+    assert a.text == b.text and len(b.instruction) < len(a.instruction) / 3
+    assert "one of the available actions" in b.instruction
+    with pytest.raises(ValueError, match="prompt"):
+        BabyAIEnv(prompt="verbose")

@@ -105,4 +105,12 @@ def test_cli_print_config_resolves_and_exits_0(tmp_path):
                           capture_output=True, text=True, env=_blocked_imports(tmp_path), timeout=30)
     assert proc.returncode == 0, proc.stderr
     printed = yaml.safe_load(proc.stdout)
-    assert printed["env"]["num_actors"] == 3 and printed["algorithm"]["rounds_ctrl"]["rounds"] == [4, 7, 10]
+    assert printed["env"]["num_actors"] == 3 and printed["algorithm"]["rounds_ctrl"]["rounds"] == [2, 3, 4]
+
+
+def test_brief_babyai_prompt_needs_the_lenient_parser():
+    from configs.load import load_config
+
+    assert load_config(None, ["env.babyai.prompt=brief"]).env.babyai.prompt == "brief"
+    with pytest.raises(ConfigError, match="env.babyai.prompt"):
+        load_config(None, ["env.babyai.prompt=brief", "env.babyai.parse_mode=strict"])
