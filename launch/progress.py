@@ -18,8 +18,9 @@ class Progress:
             return
         self.bar.set_postfix_str(
             f"reward {m.get('rollout/reward_mean', 0):.3f} success {m.get('rollout/success_rate', 0):.2f} "
-            f"valid {m.get('rollout/valid_action_frac', 0):.2f} gen {m.get('perf/gen_tokens_per_s', 0):.0f} tok/s "
-            f"staleness {m.get('staleness/mean', 0):.2f} turns<={int(m.get('rollout/horizon_in_force', 0))}",
+            f"valid {m.get('rollout/valid_action_frac', 0):.2f} tok/s gen {m.get('perf/gen_tokens_per_s', 0):.0f} "
+            f"train {m.get('perf/train_tokens_per_s', 0):.0f} staleness {m.get('staleness/mean', 0):.2f} "
+            f"dropped {m.get('staleness/dropped_frac', 0):.0%} turns<={int(m.get('rollout/horizon_in_force', 0))}",
             refresh=False)
         self.bar.update(step - self.bar.n)
 

@@ -37,13 +37,18 @@ def scripted_reply(observation: str, rng: random.Random) -> str:
     return f"<think>I need to look this up.</think>\n<search> {query} </search>"
 
 
-def split_items(split: str) -> list[str]:
-    """Item ids of a split of the generated QA set (test ids first, as in the reference)."""
+def _split_ids(split: str, test: int, total: int) -> list[str]:
+    """Test ids first (0..test-1), then train, as in the reference."""
     if split == "test":
-        return [f"searchqa_{n}" for n in range(GENERATED_TEST)]
+        return [f"searchqa_{n}" for n in range(test)]
     if split == "train":
-        return [f"searchqa_{n}" for n in range(GENERATED_TEST, GENERATED_ITEMS)]
+        return [f"searchqa_{n}" for n in range(test, total)]
     raise ValueError(f"unknown split {split!r}: expected train or test")
+
+
+def split_items(split: str) -> list[str]:
+    """Item ids of a split of the generated QA set."""
+    return _split_ids(split, GENERATED_TEST, GENERATED_ITEMS)
 
 
 def config_split_items(cfg: SearchConfig, split: str) -> list[str] | None:
@@ -56,12 +61,7 @@ def config_split_items(cfg: SearchConfig, split: str) -> list[str] | None:
     from environments.searchqa.dataset import read_qa_dir
 
     records, sizes = read_qa_dir(Path(cfg.qa_dir))
-    test = sizes.get("test", 0)
-    if split == "test":
-        return [f"searchqa_{n}" for n in range(test)]
-    if split == "train":
-        return [f"searchqa_{n}" for n in range(test, len(records))]
-    raise ValueError(f"unknown split {split!r}: expected train or test")
+    return _split_ids(split, sizes.get("test", 0), len(records))
 
 
 FAMILY = Family(

@@ -11,7 +11,8 @@ Measured per run, over the steps after the first (the first fills the pipeline a
 - In the synchronous run, generation time G is the wait for the batch and training time T is training plus
   publishing; the ideal speedup of overlapping them perfectly is (G + T) / max(G, T).
 
-Printed: a row per run, then sync/async per-step ratios beside that ideal, and their fraction of it. The
+Printed: a row per run, then sync/async per-step ratios beside that ideal, and their fraction of it; also the
+ratios of seconds per trained token (episodes that succeed end early, so batches differ in size). The
 learning rate is tiny (`--lr`), so that every run's policy, and with it the work of a step, stays that of the
 base model; the job is otherwise the full one (rewards, GRPO, the fused PPO step, weight publishing).
 """
@@ -66,12 +67,14 @@ def run_mode(args: argparse.Namespace, name: str, eta: int, root: Path) -> list[
 
 def summarise(rows: list[dict]) -> dict[str, float]:
     steady = rows[1:]
-    n = len(steady)
-    mean = lambda key: sum(r.get(key, 0.0) for r in steady) / n  # noqa: E731
-    return {"step_s": mean("perf/step_seconds"), "wait_s": mean("perf/step_seconds") * mean("perf/learner_idle_frac"),
+
+    def mean(key: str, times: str = "") -> float:
+        return sum(r.get(key, 0.0) * (r.get(times, 0.0) if times else 1.0) for r in steady) / len(steady)
+
+    return {"step_s": mean("perf/step_seconds"), "wait_s": mean("perf/learner_idle_frac", "perf/step_seconds"),
             "train_s": mean("perf/train_seconds") + mean("perf/publish_seconds"),
-            "tokens": mean("train/tokens") if "train/tokens" in steady[0] else float("nan"),
-            "stale_frac": 1.0 - mean("train/staleness/0") if "train/staleness/0" in steady[0] else float("nan")}
+            "tokens": mean("train/batch_tokens"), "stale_frac": 1.0 - mean("train/staleness/0"),
+            "s_per_ktok": 1000 * mean("perf/step_seconds") / max(mean("train/batch_tokens"), 1e-9)}
 
 
 def main(argv: list[str]) -> int:
@@ -85,25 +88,33 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lr", type=float, default=1e-9, help="learner.lr (tiny: the workload stays fixed)")
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
     parser.add_argument("--timeout-s", type=float, default=1800, help="limit per run")
+    parser.add_argument("--keep", default="", help="keep the runs' folders and logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     if len(args.cores.split(",")) != 2:
         parser.error("--cores takes two core ids, e.g. 0,1")
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        root = Path(args.keep).resolve() if args.keep else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
         for name, eta in MODES:
-            results[name] = summarise(run_mode(args, name, eta, Path(tmp)))
+            results[name] = summarise(run_mode(args, name, eta, root))
     sync = results["sync"]
     gen_s, train_s = sync["wait_s"], sync["train_s"]
     ideal = (gen_s + train_s) / max(gen_s, train_s)
-    rows = [[name, eta, r["step_s"], r["wait_s"], r["train_s"], r["tokens"], r["stale_frac"],
+    rows = [[name, eta, r["step_s"], r["wait_s"], r["train_s"], r["tokens"], r["s_per_ktok"], r["stale_frac"],
              sync["step_s"] / r["step_s"]] for (name, eta), r in zip(MODES, results.values())]
-    print(table(["mode", "eta", "s/step", "learner wait s", "train+publish s", "tokens/step", "stale frac",
-                 "sync/this"], rows))
+    print(table(["mode", "eta", "s/step", "learner wait s", "train+publish s", "tokens/step", "s/1k tokens",
+                 "stale frac", "sync/this"], rows))
     eta1, eta4 = sync["step_s"] / results["async_eta1"]["step_s"], sync["step_s"] / results["async_eta4"]["step_s"]
+    # episodes end early on success, so batches differ in size: the same ratios per trained token
+    tok1 = sync["s_per_ktok"] / results["async_eta1"]["s_per_ktok"]
+    tok4 = sync["s_per_ktok"] / results["async_eta4"]["s_per_ktok"]
     print(f"ideal (G + T) / max(G, T) from the sync run: G = {gen_s:.1f} s, T = {train_s:.1f} s -> {ideal:.3f}")
-    print(f"sync/async: eta=1 {eta1:.3f} ({eta1 / ideal:.0%} of ideal), eta=4 {eta4:.3f} ({eta4 / ideal:.0%})")
+    print(f"sync/async per step: eta=1 {eta1:.3f} ({eta1 / ideal:.0%} of ideal), eta=4 {eta4:.3f} "
+          f"({eta4 / ideal:.0%}); per trained token: eta=1 {tok1:.3f}, eta=4 {tok4:.3f}")
     emit({"sync_over_async_eta1": eta1, "sync_over_async_eta4": eta4, "ideal_speedup": ideal,
           "eta1_of_ideal": eta1 / ideal, "eta4_of_ideal": eta4 / ideal, "sync_gen_s": gen_s,
+          "per_token_sync_over_async_eta1": tok1, "per_token_sync_over_async_eta4": tok4,
           "sync_train_s": train_s, "steps_timed": args.steps - 1})
     return 0
