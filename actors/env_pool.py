@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from actors.episode_summary import EpisodeSummary
 from core.chat import ChatFormat
+from core.cpu_affinity import pin_to_cores
 from core.env import Env, Observation, StepResult
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
@@ -68,6 +69,7 @@ class EnvPool:
         sent, for local use); `env_factory(family, env_cfg)` replaces the registry (tests use it)."""
         from transformers import AutoTokenizer  # heavy: only where a pool really starts
 
+        pin_to_cores(getattr(env_cfg, "cpu_cores", []), "env.cpu_cores")
         self.name = name or f"envpool-{os.getpid()}"
         self.incarnation = uuid.uuid4().hex[:12]  # changes when Ray restarts this actor
         self.env_cfg = env_cfg

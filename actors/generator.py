@@ -40,6 +40,7 @@ from pathlib import Path
 from actors.session_slots import SessionSlots
 from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
 from configs.generation import GeneratorConfig
+from core.cpu_affinity import pin_to_cores
 from core.models import checkpoint_tensors
 from core.policy import GenerationRequest, GenerationResult
 from core.weights_channel import TensorBytes, WeightSet, WeightSubscriber
@@ -94,6 +95,7 @@ class Generator:
         self._thread: threading.Thread | None = None
         self._version_set = False
         self._dtype = dtype
+        pin_to_cores(cfg.cpu_cores, "generator.cpu_cores")  # before the engine process starts: it inherits it
         self.engine = self._start_engine(replica_index)
         cache = self.engine.vllm_config.cache_config
         self.kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)

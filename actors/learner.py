@@ -19,7 +19,6 @@ What must hold:
 from __future__ import annotations
 
 import logging
-import os
 import resource
 import time
 from typing import Sequence
@@ -33,6 +32,7 @@ from core import advantages as adv
 from core.batching import MicroBatch, TrainSample, count_micro_batches, micro_batches, split
 from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, decoupled_ppo_loss, finish_stats
 from core.lr_schedule import lr_multiplier
+from core.cpu_affinity import pin_to_cores
 from core.token_scorer import Scores, TokenScorer, policy_state_names
 from core.weights_channel import TensorBytes, WeightPublisher
 
@@ -77,12 +77,7 @@ class Learner:
         from transformers import AutoModelForCausalLM
 
         use_gpu = self.cfg.num_gpus_per_rank > 0
-        if self.cfg.cpu_cores:
-            try:
-                os.sched_setaffinity(0, self.cfg.cpu_cores)
-            except OSError:
-                raise ValueError(f"learner.cpu_cores={list(self.cfg.cpu_cores)}: this node's usable cores are "
-                                 f"{sorted(os.sched_getaffinity(0))}") from None
+        pin_to_cores(self.cfg.cpu_cores, "learner.cpu_cores")
         if not use_gpu:  # as many threads as CPUs reserved (or pinned), and one for a fractional reservation
             threads = self.cfg.torch_threads or len(self.cfg.cpu_cores) or int(self.cfg.num_cpus_per_rank)
             torch.set_num_threads(max(1, threads))

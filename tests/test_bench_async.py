@@ -17,6 +17,7 @@ def test_the_three_runs_are_valid_configs_differing_only_in_eta(tmp_path):
     cfgs = {eta: load_config(None, bench.overrides(args, eta, tmp_path / "run")) for _, eta in bench.MODES}
     assert [c.trainer.max_staleness for c in cfgs.values()] == [0, 1, 4]
     assert cfgs[0].learner.cpu_cores == [1] and cfgs[0].generator.cpu_threads_bind == "0"
+    assert cfgs[0].generator.cpu_cores == cfgs[0].env.cpu_cores == [0]
     assert cfgs[0].algorithm.rounds_ctrl.type == "fixed" and cfgs[0].algorithm.rounds_ctrl.rounds == 3
     cfgs[4].trainer.max_staleness = 0
     assert cfgs[4] == cfgs[0]

