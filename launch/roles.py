@@ -27,12 +27,13 @@ def advertised(endpoint: str, node_address: str = "") -> str:
     return endpoint.replace("0.0.0.0", node_address or ray.util.get_node_ip_address())
 
 
-def check_resources(cfg: RootConfig) -> None:
-    """Refuse, naming the config keys, a run whose roles ask for more CPUs or GPUs than the cluster has
-    (Ray would otherwise wait forever to place them)."""
-    import ray
+def check_resources(cfg: RootConfig, have: dict[str, float] | None = None) -> None:
+    """Refuse, naming the config keys, a run whose roles ask for more CPUs or GPUs than the cluster has (`have`:
+    Ray's cluster resources when None), since Ray would otherwise wait forever to place them."""
+    if have is None:
+        import ray
 
-    have = ray.cluster_resources()
+        have = ray.cluster_resources()
     asks = {
         "CPU": [("learner.num_ranks * learner.num_cpus_per_rank", cfg.learner.num_ranks * cfg.learner.num_cpus_per_rank),
                 ("generator.num_replicas * generator.num_cpus", cfg.generator.num_replicas * cfg.generator.num_cpus),
