@@ -64,6 +64,7 @@ class GeneratorStats:
     last_update_s: float = 0.0
     last_update_stages: tuple[float, float, float] = (0.0, 0.0, 0.0)  # staging copy, pause, engine load (s)
     admission_wait_s: float = 0.0
+    busy_s: float = 0.0  # wall time with at least one request in flight (closed busy periods)
 
 
 class Generator:
@@ -91,6 +92,8 @@ class Generator:
         self._broken = ""  # set when a load failed half-way: the weights are in an unknown state
         self._closing = False
         self._inflight = 0
+        self._busy_since = 0.0
+        self._last_window = (time.monotonic(), 0.0, 0)  # (time, busy seconds, sampled tokens) at the last stats
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._version_set = False
@@ -181,11 +184,15 @@ class Generator:
                              f"exceed the generator's max_model_len {self.max_model_len}")
         await self._stamp_initial_version()
         self.stats.admission_wait_s += await self.slots.acquire(request.session_id)
+        if self._inflight == 0:
+            self._busy_since = time.monotonic()
         self._inflight += 1
         try:
             return await self._generate_admitted(request)
         finally:
             self._inflight -= 1
+            if self._inflight == 0:
+                self.stats.busy_s += time.monotonic() - self._busy_since
             self.slots.done(request.session_id)
 
     async def _generate_admitted(self, request: GenerationRequest) -> GenerationResult:
@@ -278,9 +285,20 @@ class Generator:
         return {"sessions": self.slots.active, "waiting": self.slots.waiting, "capacity": self.slots.capacity,
                 "inflight": self._inflight}
 
+    def _window(self) -> tuple[float, float, int]:
+        """(seconds, busy seconds, sampled tokens) since the previous call: the basis of the rates reported."""
+        now = time.monotonic()
+        busy = self.stats.busy_s + (now - self._busy_since if self._inflight else 0.0)
+        last_t, last_busy, last_tokens = self._last_window
+        self._last_window = (now, busy, self.stats.sampled_tokens)
+        return now - last_t, busy - last_busy, self.stats.sampled_tokens - last_tokens
+
     async def get_stats(self) -> dict:
+        """Counters since start, and `busy_frac` / `tokens_per_s` over the time since the previous call."""
         s = self.stats
-        return {"version": self.version, "requests": s.requests, "sampled_tokens": s.sampled_tokens,
+        seconds, busy, tokens = self._window()
+        return {"busy_frac": busy / seconds if seconds > 0 else 0.0,
+                "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,"version": self.version, "requests": s.requests, "sampled_tokens": s.sampled_tokens,
                 "resubmitted": s.resubmitted, "updates": s.updates, "update_failures": s.update_failures,
                 "last_update_s": s.last_update_s, "last_update_stages": list(s.last_update_stages),
                 "admission_wait_s": s.admission_wait_s,

@@ -102,7 +102,12 @@ def test_tiny_model_has_tied_embeddings(tiny_model_dir, gen, loop):
 
 
 def test_sampled_tokens_carry_reference_logprobs_and_version(gen, ref, loop):
+    run(loop, gen.get_stats())  # starts a fresh stats window
     out = run(loop, gen.generate(GenerationRequest(PROMPT, max_tokens=24, session_id="s-logprobs")))
+    stats = run(loop, gen.get_stats())
+    assert 0 < stats["busy_frac"] <= 1 and stats["tokens_per_s"] > 0
+    idle = run(loop, gen.get_stats())  # nothing ran since the previous call
+    assert idle["busy_frac"] == 0 and idle["tokens_per_s"] == 0
     assert 1 <= len(out.token_ids) <= 24 and out.finish_reason in ("stop", "length")
     assert out.versions == [gen.version] * len(out.token_ids)
     assert all(lp <= 0 for lp in out.logprobs)
