@@ -298,7 +298,8 @@ class Generator:
         s = self.stats
         seconds, busy, tokens = self._window()
         return {"busy_frac": busy / seconds if seconds > 0 else 0.0,
-                "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,"version": self.version, "requests": s.requests, "sampled_tokens": s.sampled_tokens,
+                "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                "version": self.version, "requests": s.requests, "sampled_tokens": s.sampled_tokens,
                 "resubmitted": s.resubmitted, "updates": s.updates, "update_failures": s.update_failures,
                 "last_update_s": s.last_update_s, "last_update_stages": list(s.last_update_stages),
                 "admission_wait_s": s.admission_wait_s,
