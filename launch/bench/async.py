@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,7 @@ def overrides(args: argparse.Namespace, eta: int, out: Path) -> list[str]:
 
 def run_mode(args: argparse.Namespace, name: str, eta: int, root: Path) -> list[dict]:
     out = root / name
+    shutil.rmtree(out, ignore_errors=True)  # a kept folder from an earlier run must not mix its steps in
     cmd = [sys.executable, "-m", "launch.train", *overrides(args, eta, out)]
     log_path = root / f"{name}.log"
     started = time.monotonic()
