@@ -41,7 +41,7 @@ from actors.session_slots import SessionSlots
 from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
 from configs.generation import GeneratorConfig
 from core.cpu_affinity import pin_to_cores
-from core.models import checkpoint_tensors
+from core.models import checkpoint_tensors, tensor_set_mismatch
 from core.policy import GenerationRequest, GenerationResult
 from core.weights_channel import TensorBytes, WeightSet, WeightSubscriber
 
@@ -318,16 +318,10 @@ class Generator:
             if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
                 e = tensors["model.embed_tokens.weight"]
                 tensors["lm_head.weight"] = TensorBytes("lm_head.weight", e.dtype, e.shape, e.data)
-        missing = sorted(set(expected) - set(tensors))
-        unknown = sorted(set(tensors) - set(expected))
-        if missing or unknown:
-            raise WeightUpdateError(f"version {weights.version}: missing tensors {missing[:5]}"
-                                    f"{' ...' if len(missing) > 5 else ''}, unknown tensors {unknown[:5]}"
-                                    f"{' ...' if len(unknown) > 5 else ''}")
+        problem = tensor_set_mismatch({name: t.shape for name, t in tensors.items()}, expected)
+        if problem:
+            raise WeightUpdateError(f"version {weights.version}: {problem}")
         for name, t in tensors.items():
-            if tuple(t.shape) != tuple(expected[name][1]):
-                raise WeightUpdateError(f"version {weights.version}: {name} has shape {tuple(t.shape)}, "
-                                        f"the model expects {tuple(expected[name][1])}")
             if not t.dtype.startswith(("float", "bfloat")):
                 raise WeightUpdateError(f"version {weights.version}: {name} has dtype {t.dtype}, expected a float")
         return list(tensors.values())

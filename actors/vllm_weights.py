@@ -22,33 +22,26 @@ What must hold:
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from core.weights_channel import TensorBytes
+from core.weights_channel import TensorBytes, byte_view
 
 ALIGN = 64
 WORKER_EXTENSION = "actors.vllm_weights.WeightLoadExtension"
 
 
-def _bytes(data) -> memoryview:
-    """A flat byte view of a C-contiguous buffer (an empty one of any shape gives an empty view)."""
-    view = memoryview(data)
-    return view.cast("B") if view.nbytes else memoryview(b"")
+def _aligned(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
 def staged_nbytes(tensors: dict[str, tuple[str, tuple[int, ...]]], itemsize: int = 4) -> int:
     """Staging bytes for a weight set of these tensors sent with `itemsize`-byte elements (aligned)."""
-    total = 0
-    for _, shape in tensors.values():
-        n = itemsize
-        for d in shape:
-            n *= d
-        total += (n + ALIGN - 1) // ALIGN * ALIGN
-    return total
+    return sum(_aligned(itemsize * math.prod(shape)) for _, shape in tensors.values())
 
 
 def default_staging_dir(nbytes: int) -> Path:
@@ -83,17 +76,17 @@ class WeightStaging:
         """Copy `tensors` into the staging file; returns (path, index) for `agentgym_load_weights`."""
         index, offset = [], 0
         for t in tensors:
-            n = _bytes(t.data).nbytes
+            n = byte_view(t.data).nbytes
             index.append((t.name, t.dtype, list(t.shape), offset, n))
-            offset += (n + ALIGN - 1) // ALIGN * ALIGN
+            offset += _aligned(n)
         self._ensure(max(offset, ALIGN))
         assert self._map is not None
         for t, (_, _, _, off, n) in zip(tensors, index):
-            self._map[off:off + n] = _bytes(t.data)
+            self._map[off:off + n] = byte_view(t.data)
         return str(self.path), index
 
     def _ensure(self, size: int) -> None:
-        size = (size + ALIGN - 1) // ALIGN * ALIGN
+        size = _aligned(size)
         if self._map is not None and len(self._map) >= size:
             return
         self.close()

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from core.weights_channel import TensorBytes
+from core.weights_channel import TensorBytes, byte_view
 
 log = logging.getLogger("agentgym.models")
 
@@ -196,6 +196,21 @@ def checkpoint_tensors(model_dir: str | Path) -> dict[str, tuple[str, tuple[int,
     return found
 
 
+def tensor_set_mismatch(shapes: dict[str, tuple[int, ...]],
+                        expected: dict[str, tuple[str, tuple[int, ...]]]) -> str:
+    """What keeps a weight set ({name: shape}) from fitting a checkpoint's tensors (`checkpoint_tensors`): the
+    names missing or unknown, else the first tensor whose shape differs; "" when it fits."""
+    missing = sorted(set(expected) - set(shapes))
+    unknown = sorted(set(shapes) - set(expected))
+    if missing or unknown:
+        return (f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                f"unknown tensors {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+    for name in sorted(shapes):
+        if tuple(shapes[name]) != tuple(expected[name][1]):
+            return f"{name} has shape {tuple(shapes[name])}, the checkpoint has {tuple(expected[name][1])}"
+    return ""
+
+
 def save_policy_folder(tensors: Sequence[TensorBytes], base_dir: str | Path, folder: str | Path) -> Path:
     """Write `tensors` (checkpoint names) as a model folder next to the base model's config and tokenizer.
 
@@ -208,19 +223,16 @@ def save_policy_folder(tensors: Sequence[TensorBytes], base_dir: str | Path, fol
     by_name = {t.name: t for t in tensors}
     if config.get("tie_word_embeddings") and "lm_head.weight" not in expected:
         by_name.pop("lm_head.weight", None)
-    missing = sorted(set(expected) - set(by_name))
-    unknown = sorted(set(by_name) - set(expected))
-    if missing or unknown:
-        raise ValueError(f"policy weights: missing {missing[:5]}, unknown {unknown[:5]} (base {base})")
+    problem = tensor_set_mismatch({name: t.shape for name, t in by_name.items()}, expected)
+    if problem:
+        raise ValueError(f"policy weights: {problem} (base {base})")
     header: dict[str, dict] = {}
     offset = 0
     for name in sorted(by_name):
         t = by_name[name]
-        if tuple(t.shape) != tuple(expected[name][1]):
-            raise ValueError(f"policy weights: {name} has shape {tuple(t.shape)}, the base has {expected[name][1]}")
         if t.dtype not in _TO_SAFETENSORS:
             raise ValueError(f"policy weights: {name} has unsupported dtype {t.dtype!r}")
-        n = memoryview(t.data).nbytes
+        n = byte_view(t.data).nbytes
         header[name] = {"dtype": _TO_SAFETENSORS[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -234,7 +246,6 @@ def save_policy_folder(tensors: Sequence[TensorBytes], base_dir: str | Path, fol
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name in sorted(by_name):
-            view = memoryview(by_name[name].data)
-            f.write(view.cast("B") if view.nbytes else b"")
+            f.write(byte_view(by_name[name].data))
     os.replace(tmp, out / "model.safetensors")
     return out

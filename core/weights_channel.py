@@ -49,7 +49,7 @@ class WeightSet:
         return sum(len(t.data) for t in self.tensors.values())
 
 
-def _byte_view(data) -> memoryview:
+def byte_view(data) -> memoryview:
     """A flat byte view of a C-contiguous buffer (an empty buffer of any shape gives an empty view)."""
     view = memoryview(data)
     return view.cast("B") if view.nbytes else memoryview(b"")
@@ -60,7 +60,7 @@ def _chunks(tensors: Iterable[TensorBytes], chunk_bytes: int) -> Iterator[list[t
     chunk: list[tuple[TensorBytes, int, memoryview]] = []
     room = chunk_bytes
     for t in tensors:
-        view = _byte_view(t.data)
+        view = byte_view(t.data)
         offset = 0
         while True:  # an empty tensor still gets one (empty) part, so the receiver learns its shape
             take = min(room, len(view) - offset)
@@ -137,7 +137,7 @@ class WeightPublisher:
         for seq, chunk in enumerate(chunks):
             header = msgpack.packb({
                 "version": version, "seq": seq, "n_chunks": len(chunks),
-                "parts": [[t.name, t.dtype, list(t.shape), off, _byte_view(t.data).nbytes]
+                "parts": [[t.name, t.dtype, list(t.shape), off, byte_view(t.data).nbytes]
                           for t, off, _ in chunk],
             })
             frames = [b"C", header] + [view for _, _, view in chunk]
