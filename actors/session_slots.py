@@ -20,15 +20,13 @@ import time
 
 class SessionSlots:
     def __init__(self, capacity: int, idle_s: float):
-        if capacity < 1:
-            raise ValueError(f"session capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
         self.idle_s = idle_s
         self._last: dict[str, float] = {}  # holder -> time its last request ended (or started)
         self._busy: collections.Counter[str] = collections.Counter()  # holder -> requests in flight
         self._waiters: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
         self.expired = 0
         self.admitted = 0
+        self.resize(capacity)
 
     @property
     def active(self) -> int:

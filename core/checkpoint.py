@@ -52,6 +52,10 @@ class CheckpointStore:
         found = [p for p in self.root.iterdir() if _STEP_DIR.match(p.name) and (p / MARKER).is_file()]
         return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
+    def path_of(self, step: int) -> Path:
+        """Where the checkpoint of step `step` lives once complete."""
+        return self.root / f"step_{step:08d}"
+
     def latest_complete(self) -> Path | None:
         done = self.complete()
         return done[-1] if done else None
@@ -61,14 +65,14 @@ class CheckpointStore:
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob("*.partial-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = self.root / f"step_{step:08d}.partial-{os.getpid()}"
+        tmp = Path(f"{self.path_of(step)}.partial-{os.getpid()}")
         tmp.mkdir()
         return tmp
 
     def commit(self, tmp: Path, step: int, info: dict | None = None) -> Path:
         """Write the marker last, rename into place, and prune old checkpoints."""
         write_json(tmp / MARKER, {"step": step, "time": time.time(), **(info or {})})
-        final = self.root / f"step_{step:08d}"
+        final = self.path_of(step)
         if final.exists():  # the same step saved again (e.g. SIGTERM right after a periodic save)
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -1,4 +1,4 @@
-"""Generator replicas as Ray actors, placed from config, and the `PolicyClient` that routes over them.
+"""Generator replicas as Ray actors, placed from config (actors.policy_client.PolicyClient routes over them).
 
     handles = start_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
                                max_model_len=cfg.rollout.max_context_tokens, weights_endpoint=endpoint)
@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from actors.generator import Generator
-from actors.policy_client import PolicyClient
 from configs.generation import GeneratorConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def actor_options(cfg: GeneratorConfig, index: int) -> dict:
+def actor_options(cfg: GeneratorConfig) -> dict:
     gpus = cfg.num_gpus
     if cfg.device == "cuda":
         gpus = max(gpus, float(cfg.tensor_parallel_size))
@@ -49,7 +48,7 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
     remote_cls = ray.remote(Generator)
     handles = []
     for i in range(cfg.num_replicas):
-        handles.append(remote_cls.options(**actor_options(cfg, i)).remote(
+        handles.append(remote_cls.options(**actor_options(cfg)).remote(
             str(model_dir), cfg, dtype=dtype, max_model_len=max_model_len, name=f"{name_prefix}-{i}",
             initial_version=initial_version, replica_index=i))
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
@@ -66,7 +65,3 @@ def stop_generators(handles: list[Any], timeout_s: float = 60.0) -> None:
     finally:
         for h in handles:
             ray.kill(h)
-
-
-def policy_client(handles: list[Any]) -> PolicyClient:
-    return PolicyClient(handles)

@@ -111,8 +111,7 @@ class TrainingSession:
 
     def finish(self, evaluate: bool) -> None:
         """Final checkpoint (unless this step has one already), the plot, and the evaluation."""
-        latest = self.store.latest_complete()
-        if latest is None or latest.name != f"step_{self.state.step:08d}":
+        if self.store.latest_complete() != self.store.path_of(self.state.step):
             self._save(self.coordinator.snapshot())
         from launch.plot import plot_run
 
