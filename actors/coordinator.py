@@ -52,7 +52,10 @@ class Coordinator:
                  on_step: Callable[[int, dict[str, float], list[GroupInfo]], None],
                  should_checkpoint: Callable[[int], bool], save: Callable[[RunState], None],
                  state: RunState | None = None, ack_timeout_s: float = 300.0,
-                 on_group_started: Callable[[GroupInfo], None] | None = None):
+                 on_group_started: Callable[[GroupInfo], None] | None = None,
+                 health: Callable[[], str] | None = None, health_every_s: float = 5.0):
+        """`health()` names a broken role's channel ("" when all is well); it is asked every `health_every_s`
+        and a non-empty answer stops the run with that cause."""
         self.pools, self.learners, self.receiver = pools, learners, receiver
         self.sampler, self.gate, self.schedule = sampler, gate, schedule
         self.group_size, self.total_steps, self.max_in_flight = group_size, total_steps, max_in_flight
@@ -68,6 +71,9 @@ class Coordinator:
         self._gen_tokens = 0.0
         self._received = 0
         self._fatal: BaseException | None = None
+        self._pump_error: BaseException | None = None
+        self.health, self.health_every_s = health, health_every_s
+        self._weights_channel: dict[str, float] = {}
 
     # -- admission --------------------------------------------------------------------------------------------
 
@@ -113,16 +119,38 @@ class Coordinator:
     # -- trajectories -----------------------------------------------------------------------------------------
 
     def _pump(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
-        """Receiver thread: ZMQ -> the event loop (the socket is used by this thread only)."""
-        while not stop.is_set():
-            traj = self.receiver.recv(100)
-            if traj is not None:
-                loop.call_soon_threadsafe(self._arrived.put_nowait, traj)
+        """Receiver thread: ZMQ -> the event loop (the socket is used by this thread only).
+
+        The receiver drops bad messages itself; anything that still escapes ends this thread, and the loop's
+        watchdog (`_check_channels`) then stops the run with it instead of waiting forever."""
+        try:
+            while not stop.is_set():
+                traj = self.receiver.recv(100)
+                if traj is not None:
+                    loop.call_soon_threadsafe(self._arrived.put_nowait, traj)
+        except BaseException as exc:
+            self._pump_error = exc
+            log.critical("the trajectory receiver thread died: %r", exc)
+            raise
+
+    async def _check_channels(self, pump: threading.Thread) -> None:
+        """The watchdog: a dead receiver thread or a role reporting a broken channel ends the run, named."""
+        if not pump.is_alive():
+            raise RuntimeError(f"the trajectory receiver thread died: {self._pump_error!r}") from self._pump_error
+        now = time.monotonic()
+        if self.health is not None and now - self._health_at >= self.health_every_s:
+            self._health_at = now
+            problem = await asyncio.to_thread(self.health)
+            if problem:
+                raise RuntimeError(f"a channel of the run failed: {problem}")
 
     def _file(self, traj: Trajectory) -> None:
         self._received += 1
+        outcome = self.buffer.add(traj)
+        if outcome == "rejected":  # not a sample this run issued: nothing of it counts
+            return
         self._gen_tokens += traj.metrics.get("gen_tokens", 0.0)
-        if self.buffer.add(traj) == "discarded":
+        if outcome == "discarded":
             self.gate.on_discarded()
 
     def _fresh_batch(self) -> list[GroupInfo] | None:
@@ -152,7 +180,9 @@ class Coordinator:
             if self.state.version > 0:  # a resumed run: generators start from the base weights
                 await self._publish()
             waited_since = time.monotonic()
+            self._health_at = waited_since
             while self.state.step < self.total_steps and not self.stop_requested:
+                await self._check_channels(pump)
                 if self._fatal is not None:
                     raise RuntimeError(f"the env pools failed: {self._fatal!r}") from self._fatal
                 self._admit()
@@ -182,9 +212,17 @@ class Coordinator:
         started = time.monotonic()
         info = await asyncio.to_thread(self.learners.publish_weights)
         acks = await asyncio.to_thread(self.learners.wait_acks, info["version"], self.ack_timeout_s)
-        failed = {name: err for name, (ok, err) in acks.items() if not ok}
+        # A replica skipped as stalled keeps its older weights; the staleness gate bounds what it contributes.
+        stalled = {name: err for name, (ok, err) in acks.items() if not ok and err.startswith("stalled:")}
+        failed = {name: err for name, (ok, err) in acks.items() if not ok and name not in stalled}
         if failed:
             raise RuntimeError(f"generators failed to apply weights version {info['version']}: {failed}")
+        if stalled:
+            log.warning("weights version %d skipped stalled generators: %s", info["version"], stalled)
+        channel = self._weights_channel
+        channel["transport/weights_stalled"] = channel.get("transport/weights_stalled", 0.0) + len(stalled)
+        channel["transport/weights_bad_control_messages"] = float(info.get("bad_control_messages", 0))
+        channel["transport/weights_auth_refused"] = float(info.get("auth_refused", 0))
         self.state.version = info["version"]
         return time.monotonic() - started
 
@@ -209,11 +247,24 @@ class Coordinator:
             "rollout/orphans": float(self.buffer.orphans),
             "rollout/data_cursor": float(self.sampler.drawn),
             "policy/version": float(self.state.version),
+            **self.transport_metrics(),
         })
         for reason, count in self.buffer.discarded.items():
             metrics[f"rollout/discarded_groups/{reason}"] = float(count)
         self._gen_tokens = 0.0
         self.on_step(self.state.step, metrics, batch)
+
+    def transport_metrics(self) -> dict[str, float]:
+        """What the channels refused: bad messages per reason, refused handshakes, trajectories not admitted."""
+        stats = self.receiver.stats
+        out = {"transport/bad_messages": float(stats.dropped),
+               "transport/auth_refused": float(getattr(self.receiver, "auth_refused", 0)),
+               **self._weights_channel}
+        for reason, count in stats.dropped_by_reason.items():
+            out[f"transport/bad_messages/{reason}"] = float(count)
+        for reason, count in self.buffer.rejected.items():
+            out[f"transport/not_admitted/{reason}"] = float(count)
+        return out
 
     def snapshot(self) -> RunState:
         """The state to checkpoint now: groups in flight or waiting are regenerated after a resume."""

@@ -35,6 +35,7 @@ from core.env import Env, Observation, StepResult
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
 from core.trajectory import Termination, Trajectory
+from core.curve import CurveClient
 from core.transport import TrajectorySender
 from environments.item_sampler import family_of
 from environments.registry import get_family, make_env
@@ -63,10 +64,11 @@ class EnvPool:
     def __init__(self, env_cfg: Any, policy: Policy, tokenizer_dir: str, limits: EpisodeLimits,
                  trajectory_endpoint: str | None, name: str = "", send_timeout_s: float | None = 600.0,
                  env_factory: Callable[[str, Any], Env] | None = None,
-                 close_timeout_s: float = ENV_CLOSE_TIMEOUT_S):
+                 close_timeout_s: float = ENV_CLOSE_TIMEOUT_S, trajectory_curve: CurveClient | None = None):
         """`env_cfg` is the `env` config section; `policy` a picklable core.policy.Policy; the tokenizer in
         `tokenizer_dir` renders the chat; `trajectory_endpoint` the coordinator's receiver (None: nothing is
-        sent, for local use); `env_factory(family, env_cfg)` replaces the registry (tests use it)."""
+        sent, for local use); `env_factory(family, env_cfg)` replaces the registry (tests use it);
+        `trajectory_curve` this actor's CURVE credentials when the channel is authenticated."""
         from transformers import AutoTokenizer  # heavy: only where a pool really starts
 
         pin_to_cores(getattr(env_cfg, "cpu_cores", []), "env.cpu_cores")
@@ -88,7 +90,8 @@ class EnvPool:
         # The socket is created, used and closed on the send thread only. Its routing id names the incarnation:
         # a restarted actor reusing its predecessor's id would be refused by the receiver's ROUTER socket.
         sender_id = f"{self.name}-{self.incarnation}"
-        self._sender = self._send_thread.submit(TrajectorySender, trajectory_endpoint, sender_id).result() \
+        self._sender = self._send_thread.submit(
+            TrajectorySender, trajectory_endpoint, sender_id, curve=trajectory_curve).result() \
             if trajectory_endpoint else None
         self._counters: dict[str, float] = collections.defaultdict(float)
         self.in_flight = 0

@@ -42,8 +42,10 @@ from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
 from configs.generation import GeneratorConfig
 from core.cpu_affinity import pin_to_cores
 from core.models import checkpoint_tensors, tensor_set_mismatch
+from core.curve import CurveClient
 from core.policy import GenerationRequest, GenerationResult
-from core.weights_channel import TensorBytes, WeightSet, WeightSubscriber
+from core.weights_channel import TensorBytes, WeightSet
+from core.weights_subscriber import WeightSubscriber
 
 log = logging.getLogger("agentgym.generator")
 
@@ -96,6 +98,7 @@ class Generator:
         self._last_window = (time.monotonic(), 0.0, 0)  # (time, busy seconds, sampled tokens) at the last stats
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._weights_error = ""
         self._version_set = False
         self._dtype = dtype
         pin_to_cores(cfg.cpu_cores, "generator.cpu_cores")  # before the engine process starts: it inherits it
@@ -373,19 +376,22 @@ class Generator:
         log.info("%s: applied weights version %d (%s mode) in %.2f s", self.name, weights.version, mode, elapsed)
         return elapsed
 
-    async def subscribe_weights(self, endpoint: str) -> None:
-        """Start the background thread that receives versions from the weights channel, applies and acks them."""
+    async def subscribe_weights(self, endpoint: str, curve: CurveClient | None = None) -> None:
+        """Start the background thread that receives versions from the weights channel, applies and acks them.
+        `curve`: this replica's credentials when the channel is authenticated."""
         if self._thread is not None:
             raise RuntimeError(f"{self.name} already subscribes to the weights channel")
         loop = asyncio.get_running_loop()
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._weights_loop, args=(endpoint, loop, ready),
+        self._thread = threading.Thread(target=self._weights_loop, args=(endpoint, curve, loop, ready),
                                         name=f"{self.name}-weights", daemon=True)
         self._thread.start()
         await asyncio.to_thread(ready.wait, 30)
 
-    def _weights_loop(self, endpoint: str, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
-        subscriber = WeightSubscriber(endpoint, name=self.name)  # its socket is used by this thread only
+    def _weights_loop(self, endpoint: str, curve: CurveClient | None, loop: asyncio.AbstractEventLoop,
+                      ready: threading.Event) -> None:
+        # Its socket is used by this thread only. A version can only hold this model's tensors.
+        subscriber = WeightSubscriber(endpoint, name=self.name, curve=curve, expected=self._expected_sent)
         ready.set()
         try:
             while not self._stop.is_set():
@@ -399,8 +405,20 @@ class Generator:
                 except Exception as exc:  # reported to the learner through the ack; the generator keeps serving
                     log.error("%s: weights version %d refused: %s", self.name, weights.version, exc)
                     subscriber.ack(weights.version, False, f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:  # the subscriber drops bad chunks itself: this is a bug, reported by health()
+            self._weights_error = f"{self.name}: the weights thread died: {type(exc).__name__}: {exc}"
+            log.critical(self._weights_error)
+            raise
         finally:
             subscriber.close()
+
+    async def health(self) -> str:
+        """"" while this replica can take weight updates; otherwise what broke (the run's watchdog asks)."""
+        if self._weights_error:
+            return self._weights_error
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            return f"{self.name}: the weights thread ended"
+        return self._broken
 
     async def shutdown(self) -> None:
         self._closing = True

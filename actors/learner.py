@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -34,12 +35,25 @@ from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, dec
 from core.cpu_affinity import pin_to_cores
 from core.lr_schedule import lr_multiplier
 from core.token_scorer import Scores, TokenScorer, policy_state_names
+from core.curve import CurveServer
 from core.weights_channel import TensorBytes, WeightPublisher
 
 log = logging.getLogger("agentgym.learner")
 
 CHECKPOINT_TAG = "learner"
 STALENESS_BUCKETS = 8  # staleness/0 .. staleness/7, then staleness/8+ (and staleness/ahead, never expected)
+
+
+@dataclass(frozen=True)
+class PublisherOptions:
+    """Where and how rank 0 publishes weights (see core.weights_channel.WeightPublisher)."""
+
+    host: str
+    port: int = 0
+    chunk_bytes: int = 64 << 20
+    curve: CurveServer | None = None
+    subscribers: list[str] | None = None  # the names admitted without CURVE (None: any)
+    stall_timeout_s: float = 60.0
 
 
 class Learner:
@@ -69,9 +83,8 @@ class Learner:
     def free_port(self, host: str) -> int:
         return zero_engine.free_port(host)
 
-    def setup(self, master_addr: str, master_port: int, weights_host: str | None = None,
-              weights_port: int = 0, weights_chunk_bytes: int = 64 << 20) -> dict:
-        """Join the process group, load the model into a ZeRO engine, and (rank 0, if `weights_host` is given)
+    def setup(self, master_addr: str, master_port: int, publisher: PublisherOptions | None = None) -> dict:
+        """Join the process group, load the model into a ZeRO engine, and (rank 0, if `publisher` is given)
         bind the weights publisher. Every rank must call this at the same time."""
         import deepspeed
         from transformers import AutoModelForCausalLM
@@ -119,8 +132,10 @@ class Learner:
             else:
                 ref = ref.to(self.device)
             self.reference = ref
-        if self.rank == 0 and weights_host is not None:
-            self.publisher = WeightPublisher(weights_host, weights_port, chunk_bytes=weights_chunk_bytes)
+        if self.rank == 0 and publisher is not None:
+            p = publisher
+            self.publisher = WeightPublisher(p.host, p.port, chunk_bytes=p.chunk_bytes, curve=p.curve,
+                                             expected=p.subscribers, stall_timeout_s=p.stall_timeout_s)
         n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in scorer.parameters())
         return {"rank": self.rank, "parameters": n_params, "weights_endpoint": self.weights_endpoint()}
 
@@ -301,10 +316,13 @@ class Learner:
         """Gather (every rank) and send the current version to every subscriber (rank 0)."""
         start = time.perf_counter()
         tensors = self.gather_weights()
-        sent = 0
+        sent, bad, refused = 0, 0, 0
         if self.publisher is not None:
             sent = self.publisher.publish(self.version, tensors)
-        return {"version": self.version, "bytes": sent, "seconds": time.perf_counter() - start}
+            bad = self.publisher.drops.total
+            refused = sum(self.publisher.zap.refused.values()) if self.publisher.zap is not None else 0
+        return {"version": self.version, "bytes": sent, "seconds": time.perf_counter() - start,
+                "bad_control_messages": bad, "auth_refused": refused}
 
     def wait_for_subscribers(self, n: int, timeout_s: float) -> int:
         if self.publisher is None:

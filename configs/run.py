@@ -33,6 +33,11 @@ class CheckpointConfig:
     """`` (start fresh), `auto` (the last complete checkpoint in output_dir, if any) or a checkpoint path."""
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (the same test as core.transport.is_loopback)."""
+    return host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
+
+
 @dataclass
 class TransportConfig:
     host: str = spec("127.0.0.1")
@@ -48,6 +53,25 @@ class TransportConfig:
     """Largest chunk of the weights channel (small chunks keep the receiver's buffers recycled)."""
     weights_ack_timeout_s: float = spec(300.0, gt=0)
     """How long the learner waits for every generator to acknowledge a weight version."""
+    weights_stall_timeout_s: float = spec(60.0, gt=0)
+    """A generator that takes no chunk of a weight version for this long is skipped for that version (named in
+    the log and in transport/weights_stalled), so that it cannot hold up the others."""
+    auth: str = spec("auto", choices=("auto", "curve", "off"))
+    """ZeroMQ CURVE on the trajectory and weights channels (keys made per run, held in memory): `auto` uses it
+    whenever `host` is not loopback; `curve` always; `off` never (off loopback this needs allow_insecure)."""
+    allow_insecure: bool = spec(False)
+    """Allow `auth=off` on a non-loopback host: anyone who reaches the ports can then push trajectories and
+    read the model."""
+
+    def uses_curve(self) -> bool:
+        return self.auth == "curve" or (self.auth == "auto" and not is_loopback(self.host))
+
+    def validate(self) -> list[tuple[str, str]]:
+        if self.auth == "off" and not is_loopback(self.host) and not self.allow_insecure:
+            return [("auth", f"auth=off with host={self.host} leaves the trajectory and weights channels open to "
+                             "anyone on the network, who could push forged trajectories and read the model; use "
+                             "auth=auto (CURVE keys made per run), or set transport.allow_insecure=true")]
+        return []
 
 
 @dataclass

@@ -42,11 +42,19 @@ _HEADER_KEYS = {
 
 @dataclass(frozen=True)
 class WireLimits:
-    """Size limits a decoder enforces before it allocates anything."""
+    """Size limits a decoder enforces before it allocates anything, and what the consumer's model accepts."""
 
     max_header_bytes: int = 1 << 20
     max_tokens: int = 1 << 22
     max_turns: int = 1 << 16
+    vocab_size: int = 0  # token ids must be below this (0: unchecked)
+    max_abs_reward: float = 1e6
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest a whole valid message (every frame together) can be."""
+        per_token = sum(dtype.itemsize for _, dtype in ARRAY_FIELDS)
+        return self.max_header_bytes + self.max_tokens * per_token
 
 
 def encode(traj: Trajectory) -> list[bytes | memoryview]:
@@ -82,6 +90,13 @@ def _get(header: dict, key: str, typ: type) -> Any:
     return value
 
 
+def _get_int(header: dict, key: str, lo: int, hi: int) -> int:
+    value = _get(header, key, int)
+    if not lo <= value <= hi:
+        raise WireError(key, f"expected an int in [{lo}, {hi}], got {value}")
+    return value
+
+
 def _array_from_bytes(name: str, raw: bytes, dtype: np.dtype, limit: int) -> np.ndarray:
     if len(raw) % dtype.itemsize:
         raise WireError(name, f"{len(raw)} bytes is not a multiple of {dtype.itemsize}")
@@ -91,7 +106,20 @@ def _array_from_bytes(name: str, raw: bytes, dtype: np.dtype, limit: int) -> np.
 
 
 def decode(frames: Sequence[bytes | memoryview], limits: WireLimits = WireLimits()) -> Trajectory:
-    """Decode and validate frames produced by `encode`. Array fields are read-only views of the frames."""
+    """Decode and validate frames produced by `encode`. Array fields are read-only views of the frames.
+
+    Raises only `WireError`, whatever the bytes: a failure this module did not foresee is still reported as
+    one (field `record`), so that a receiver can drop the message and go on.
+    """
+    try:
+        return _decode(frames, limits)
+    except WireError:
+        raise
+    except Exception as exc:  # a gap in the checks below; the input is still the sender's fault
+        raise WireError("record", f"undecodable ({type(exc).__name__}: {exc!s:.200})") from None
+
+
+def _decode(frames: Sequence[bytes | memoryview], limits: WireLimits) -> Trajectory:
     if len(frames) != 1 + len(ARRAY_FIELDS):
         raise WireError("frames", f"expected {1 + len(ARRAY_FIELDS)} frames, got {len(frames)}")
     head_buf = frames[0]
@@ -107,18 +135,26 @@ def decode(frames: Sequence[bytes | memoryview], limits: WireLimits = WireLimits
         raise WireError("header", f"not valid msgpack ({type(exc).__name__}: {exc})") from None
     if not isinstance(header, dict):
         raise WireError("header", f"expected a map, got {type(header).__name__}")
+    bad_keys = [k for k in header if not isinstance(k, str)]
+    if bad_keys:
+        raise WireError("header", f"keys must be strings, got {bad_keys[0]!r:.40}")
+    unknown = sorted(set(header) - _HEADER_KEYS)
+    if unknown:
+        raise WireError(unknown[0][:64], "unknown header field")
+    missing = sorted(_HEADER_KEYS - set(header))
+    if missing:
+        raise WireError(missing[0], "missing from header")
     schema = _get(header, "schema", int)
     if schema != SCHEMA_VERSION:
         raise WireError("schema", f"version {schema} is not supported (this build reads {SCHEMA_VERSION})")
-    if _get(header, "kind", str) != KIND:
-        raise WireError("kind", f"expected {KIND!r}, got {header['kind']!r}")
-    unknown = set(header) - _HEADER_KEYS
-    if unknown:
-        raise WireError(sorted(unknown)[0], "unknown header field")
+    kind = _get(header, "kind", str)
+    if kind != KIND:
+        raise WireError("kind", f"expected {KIND!r}, got {kind!r:.40}")
+    reason = _get(header, "termination", str)
     try:
-        termination = Termination(_get(header, "termination", str))
+        termination = Termination(reason)
     except ValueError:
-        raise WireError("termination", f"unknown reason {header['termination']!r}") from None
+        raise WireError("termination", f"unknown reason {reason!r:.40}") from None
 
     declared = _get(header, "arrays", list)
     if len(declared) != len(ARRAY_FIELDS):
@@ -134,20 +170,20 @@ def decode(frames: Sequence[bytes | memoryview], limits: WireLimits = WireLimits
             raise WireError(name, f"frame has {len(frame)} bytes, header declares {desc[2] * dtype.itemsize}")
         arrays[name] = np.frombuffer(frame, dtype=dtype)
 
-    metrics = _get(header, "metrics", dict)
     traj = Trajectory(
         trajectory_id=_get(header, "trajectory_id", str),
         group_id=_get(header, "group_id", str),
         item_id=_get(header, "item_id", str),
         env=_get(header, "env", str),
-        sample_index=_get(header, "sample_index", int),
-        horizon=_get(header, "horizon", int),
+        sample_index=_get_int(header, "sample_index", 0, (1 << 31) - 1),
+        horizon=_get_int(header, "horizon", 1, (1 << 31) - 1),
         termination=termination,
         turn_ends=_array_from_bytes("turn_ends", _get(header, "turn_ends", bytes), TOKEN_DTYPE, limits.max_turns),
         turn_rewards=_array_from_bytes(
             "turn_rewards", _get(header, "turn_rewards", bytes), LOGPROB_DTYPE, limits.max_turns),
-        metrics=metrics,
+        metrics=_get(header, "metrics", dict),
         **arrays,
     )
-    traj.validate(max_tokens=limits.max_tokens, max_turns=limits.max_turns)
+    traj.validate(max_tokens=limits.max_tokens, max_turns=limits.max_turns, vocab_size=limits.vocab_size,
+                  max_abs_reward=limits.max_abs_reward)
     return traj

@@ -70,6 +70,15 @@ def resolve_model(path: str, cache_dir: str = "") -> Path:
     return _hub_snapshot(path)
 
 
+def vocab_size(model_dir: str | Path) -> int:
+    """Rows of the model's embedding (`vocab_size` in its config.json): every token id must be below it."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if not isinstance(size, int) or size <= 0:
+        raise ModelPathError(str(model_dir), "config.json has no positive vocab_size")
+    return size
+
+
 def _hub_snapshot(name: str) -> Path:
     """A hub model: the local cache first; a download only where the network is allowed (HF_HUB_OFFLINE unset)."""
     if name.count("/") != 1:

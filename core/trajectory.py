@@ -7,6 +7,8 @@ Invariants (checked by `Trajectory.validate`, which the decoder always calls):
   logprob is 0.0 and the version is -1 ("no policy produced this token").
 - `turn_ends[k]` is one past the last token of the agent's k-th reply; the offsets are strictly increasing and
   lie in [1, T]. `turn_rewards[k]` is the reward the env gave for the action in that reply.
+- A non-zero `turn_rewards[k]` has a sampled token before `turn_ends[k]` (the action it is credited to);
+  rewards are finite and bounded; token ids lie in the model's vocabulary when the decoder knows its size.
 - Tokens are append-only over an episode: the learner trains on exactly these ids and never re-tokenizes text.
 """
 from __future__ import annotations
@@ -98,8 +100,9 @@ class Trajectory:
         sampled = self.versions[self.loss_mask.astype(bool)]
         return int(sampled.min()) if sampled.size else NO_VERSION
 
-    def validate(self, max_tokens: int = 1 << 22, max_turns: int = 1 << 16) -> None:
-        """Raise WireError naming the first field that breaks an invariant."""
+    def validate(self, max_tokens: int = 1 << 22, max_turns: int = 1 << 16, vocab_size: int = 0,
+                 max_abs_reward: float = 1e6) -> None:
+        """Raise WireError naming the first field that breaks an invariant (`vocab_size` 0: ids unchecked)."""
         for name in ("trajectory_id", "group_id", "item_id", "env"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value or len(value) > 256:
@@ -125,6 +128,8 @@ class Trajectory:
         # Whole-array passes without boolean indexing: validation runs on every received record.
         if n and self.tokens.min() < 0:
             raise WireError("tokens", "token ids must be >= 0")
+        if n and vocab_size and self.tokens.max() >= vocab_size:  # would index past the learner's embedding
+            raise WireError("tokens", f"token id {int(self.tokens.max())} is outside the vocabulary ({vocab_size})")
         if n and self.loss_mask.max() > 1:
             raise WireError("loss_mask", "entries must be 0 or 1")
         sampled = self.loss_mask.view(np.bool_)
@@ -139,10 +144,23 @@ class Trajectory:
                 raise WireError("versions", "sampled tokens need a policy version >= 0")
             raise WireError("versions", f"tokens that were not sampled must carry version {NO_VERSION}")
         if k:
-            if self.turn_ends[0] < 1 or self.turn_ends[-1] > n or np.any(np.diff(self.turn_ends) <= 0):
+            # int64 before differencing: int32 offsets such as [1, 2**31 - 1, -2**31 + 1] wrap around in int32.
+            ends = self.turn_ends.astype(np.int64)
+            if ends[0] < 1 or ends[-1] > n or np.any(np.diff(ends) <= 0):
                 raise WireError("turn_ends", f"offsets must be strictly increasing within [1, {n}]")
-            if not np.all(np.isfinite(self.turn_rewards)):
+            rewards = self.turn_rewards
+            if not np.all(np.isfinite(rewards)):
                 raise WireError("turn_rewards", "rewards must be finite")
+            if np.abs(rewards).max() > max_abs_reward:
+                raise WireError("turn_rewards", f"a reward exceeds the limit of +-{max_abs_reward:g}")
+            # A reward is credited to the last sampled token at or before its turn's end (core.advantages):
+            # a reward on a turn that no sampled token precedes cannot be credited to any action.
+            rewarded = np.flatnonzero(rewards)
+            if rewarded.size:
+                first_sampled = int(np.argmax(sampled)) if sampled.any() else n
+                if first_sampled >= ends[rewarded[0]]:
+                    raise WireError("turn_rewards", f"turn {int(rewarded[0])} carries a reward but no sampled "
+                                                    "token precedes its end")
         if not isinstance(self.metrics, dict) or len(self.metrics) > 256:
             raise WireError("metrics", "expected a dict of at most 256 entries")
         for key, value in self.metrics.items():

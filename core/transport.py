@@ -5,9 +5,15 @@ the consumer is a ROUTER bound to one endpoint. Backpressure comes from bounded 
 ends: once `hwm` messages wait in the sender's queue and the receiver's, `send` blocks (or raises
 `TimeoutError` after `timeout_ms`), so a slow consumer slows producers instead of growing memory.
 
-A malformed, truncated or oversized message is dropped, counted per sender and logged; the receiver keeps
-running. Frames larger than the hard per-frame cap (`hard_frame_cap`) are cut by ZeroMQ itself, which drops
-the offending connection; everything under the cap is checked by `core.codec.decode`.
+What must hold:
+- Nothing a peer sends stops the receiver: a malformed, truncated or oversized message is dropped, counted per
+  sender (`stats.dropped_by_sender`, by reason in `stats.dropped_by_reason`) and logged at most once per sender
+  every `log_every_s`; `recv` never raises for a peer's bytes.
+- No message larger than a valid one can be (`WireLimits.max_message_bytes`, all frames together) reaches the
+  decoder: ZeroMQ cuts any single frame over that size (dropping the connection), and the receiver drops a
+  message whose frames add up to more, or that has more frames than a record.
+- With CURVE (`core.curve`), only the run's clients connect at all, and the sender of each message is the name
+  its key was issued under, not the routing id it chose.
 """
 from __future__ import annotations
 
@@ -19,12 +25,18 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from core.codec import WireLimits, decode, encode
+from core.codec import ARRAY_FIELDS, WireLimits, decode, encode
+from core.curve import CurveClient, CurveServer, peer_name, release_handler, serve_curve
 from core.trajectory import Trajectory, WireError
 
 log = logging.getLogger("agentgym.transport")
 
 LOOPBACK = "127.0.0.1"
+MAX_TRACKED_SENDERS = 1024  # per-sender counters beyond this many senders are pooled under "other"
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
 
 
 def bind_endpoint(sock: zmq.Socket, host: str = LOOPBACK, port: int = 0) -> str:
@@ -40,29 +52,72 @@ def bind_endpoint(sock: zmq.Socket, host: str = LOOPBACK, port: int = 0) -> str:
     return f"tcp://{host}:{bound}"
 
 
+class DropLog:
+    """Counts dropped messages per sender and reason; logs at most once per sender every `every_s`."""
+
+    def __init__(self, what: str, logger: logging.Logger, every_s: float = 10.0):
+        self.what, self.log, self.every_s = what, logger, every_s
+        self.total = 0
+        self.by_sender: collections.Counter[str] = collections.Counter()
+        self.by_reason: collections.Counter[str] = collections.Counter()
+        self.last_error = ""
+        self._last_logged: dict[str, tuple[float, int]] = {}
+
+    def drop(self, sender: str, field_name: str, reason: str) -> None:
+        if sender not in self.by_sender and len(self.by_sender) >= MAX_TRACKED_SENDERS:
+            sender = "other"
+        self.total += 1
+        self.by_sender[sender] += 1
+        self.by_reason[field_name[:64]] += 1
+        self.last_error = f"{sender}: {reason}"[:500]
+        now = time.monotonic()
+        logged_at, count_then = self._last_logged.get(sender, (-1e18, 0))
+        if now - logged_at >= self.every_s:
+            since = self.by_sender[sender] - count_then - 1
+            more = f" ({since} more since the last report)" if since > 0 else ""
+            self.log.warning("dropped a bad %s from %s: %s%s", self.what, sender, reason[:300], more)
+            self._last_logged[sender] = (now, self.by_sender[sender])
+
+
 @dataclass
 class ReceiverStats:
     received: int = 0
     dropped: int = 0
-    dropped_by_sender: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
+    dropped_by_sender: dict[str, int] = field(default_factory=dict)
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
 
 
 class TrajectoryReceiver:
-    """The consumer end. Binds; call `recv` in a loop."""
+    """The consumer end. Binds; call `recv` in a loop. `curve`: admit only these clients (see core.curve)."""
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, hwm: int = 64,
-                 limits: WireLimits = WireLimits(), ctx: zmq.Context | None = None):
-        self._ctx = ctx or zmq.Context.instance()
+                 limits: WireLimits = WireLimits(), ctx: zmq.Context | None = None,
+                 curve: CurveServer | None = None):
+        # Own context under CURVE: its ZAP handler admits exactly this receiver's clients.
+        self._own_ctx = ctx is None and curve is not None
+        self._ctx = zmq.Context() if self._own_ctx else (ctx or zmq.Context.instance())
         self.limits = limits
+        self.max_message_bytes = limits.max_message_bytes
+        self._frames = 2 + len(ARRAY_FIELDS)  # routing id, header, arrays
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
-        # Hard cap per frame, well above what the decoder accepts, so it only stops memory blow-ups.
-        self.hard_frame_cap = 2 * max(limits.max_header_bytes, limits.max_tokens * 4)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, self.hard_frame_cap)
+        # ZeroMQ drops the connection of a peer that sends any frame over this before buffering it.
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None else None
         self.endpoint = bind_endpoint(self._sock, host, port)
-        self.stats = ReceiverStats()
+        self._drops = DropLog("trajectory message", log)
+        self._received = 0
+
+    @property
+    def stats(self) -> ReceiverStats:
+        d = self._drops
+        return ReceiverStats(self._received, d.total, dict(d.by_sender), dict(d.by_reason), d.last_error)
+
+    @property
+    def auth_refused(self) -> int:
+        return sum(self.zap.refused.values()) if self.zap is not None else 0
 
     def recv(self, timeout_ms: int | None = None) -> Trajectory | None:
         """Return the next valid trajectory, or None when `timeout_ms` passes with none (None waits forever).
@@ -75,13 +130,20 @@ class TrajectoryReceiver:
             if not self._sock.poll(wait):
                 return None
             parts = self._sock.recv_multipart(copy=False)
-            sender = bytes(parts[0].buffer).decode("utf-8", "replace")
+            sender = peer_name(parts[-1]) or bytes(parts[0].buffer)[:64].decode("utf-8", "replace")
+            size = sum(len(p.buffer) for p in parts[1:])
+            if len(parts) != self._frames:
+                self._drops.drop(sender, "frames", f"frames: expected {self._frames - 1}, got {len(parts) - 1}")
+                continue
+            if size > self.max_message_bytes:
+                self._drops.drop(sender, "message", f"message: {size} bytes exceed {self.max_message_bytes}")
+                continue
             try:
                 traj = decode([p.buffer for p in parts[1:]], self.limits)
             except WireError as exc:
-                self._drop(sender, str(exc))
+                self._drops.drop(sender, exc.field, str(exc))
                 continue
-            self.stats.received += 1
+            self._received += 1
             return traj
 
     def drain(self, max_items: int, timeout_ms: int = 0) -> list[Trajectory]:
@@ -95,21 +157,18 @@ class TrajectoryReceiver:
             first = self.recv(0)
         return out
 
-    def _drop(self, sender: str, reason: str) -> None:
-        self.stats.dropped += 1
-        self.stats.dropped_by_sender[sender] += 1
-        self.stats.last_error = f"{sender}: {reason}"
-        log.warning("dropped a bad trajectory message from %s: %s", sender, reason)
-
     def close(self) -> None:
         self._sock.close(0)
+        if self._own_ctx:
+            release_handler(self._ctx)
+            self._ctx.term()
 
 
 class TrajectorySender:
     """A producer end. Connects to the receiver's endpoint; `send` blocks under backpressure."""
 
     def __init__(self, endpoint: str, name: str | None = None, hwm: int = 64,
-                 ctx: zmq.Context | None = None):
+                 ctx: zmq.Context | None = None, curve: CurveClient | None = None):
         # Frames go out zero-copy, so the sender's own context is terminated on close: that blocks until
         # every queued frame is on the wire (or `linger` passed) and nothing is freed under the I/O thread.
         self._own_ctx = ctx is None
@@ -119,6 +178,8 @@ class TrajectorySender:
         self._sock.setsockopt(zmq.ROUTING_ID, self.name.encode())
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 5000)
+        if curve is not None:
+            curve.apply(self._sock)
         self._sock.connect(endpoint)
         self.sent = 0
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -23,8 +22,9 @@ import msgpack
 import numpy as np
 import zmq
 
-from core.transport import LOOPBACK, bind_endpoint
+from core.curve import CurveServer, peer_name, release_handler, serve_curve
 from core.trajectory import WireError
+from core.transport import LOOPBACK, DropLog, bind_endpoint
 
 log = logging.getLogger("agentgym.weights")
 
@@ -55,6 +55,18 @@ def byte_view(data) -> memoryview:
     return view.cast("B") if view.nbytes else memoryview(b"")
 
 
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
+             "uint8": 1, "bool": 1, "int16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype the channel carries; WireError for any other."""
+    size = _ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
+    if size is None:
+        raise WireError("dtype", f"unsupported dtype {dtype!r:.40}")
+    return size
+
+
 def _chunks(tensors: Iterable[TensorBytes], chunk_bytes: int) -> Iterator[list[tuple[TensorBytes, int, memoryview]]]:
     """Group tensor byte ranges into chunks of at most `chunk_bytes` (a lone large tensor is split)."""
     chunk: list[tuple[TensorBytes, int, memoryview]] = []
@@ -77,43 +89,84 @@ def _chunks(tensors: Iterable[TensorBytes], chunk_bytes: int) -> Iterator[list[t
 
 
 class WeightPublisher:
-    """The learner's end. Binds; generators connect and say hello."""
+    """The learner's end. Binds; generators connect and say hello.
+
+    What must hold:
+    - Only registered subscribers receive weights and are heard: a hello names a subscriber; with CURVE its
+      name must be the one its key was issued under, without CURVE it must be one of `expected` (when given).
+      Acks count only from the connection that said hello under that name.
+    - A malformed control message is dropped and counted (`drops`); nothing a peer sends raises here.
+    - A subscriber that stops reading cannot stall the others: each peer is fed as far as its queue allows,
+      and one that takes no chunk for `stall_timeout_s` is skipped for the rest of that version, named in
+      the log and in `stalled[version]`.
+    """
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, chunk_bytes: int = 4 << 20,
-                 hwm: int = 8, ctx: zmq.Context | None = None):
+                 hwm: int = 8, ctx: zmq.Context | None = None, curve: CurveServer | None = None,
+                 expected: Iterable[str] | None = None, stall_timeout_s: float = 30.0):
         # Chunks stay well under glibc's 32 MB mmap threshold, so the receiver's per-message buffers are
         # recycled from the heap instead of being mapped (and page-faulted) afresh for every chunk.
         # Weights go out zero-copy: an own context, terminated on close, outlives every queued frame.
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown peer raises instead of dropping silently
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or unknown peer raises instead of dropping
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
+        self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None else None
         self.endpoint = bind_endpoint(self._sock, host, port)
         self.chunk_bytes = chunk_bytes
+        self.expected = set(expected) if expected is not None else None
+        self.stall_timeout_s = stall_timeout_s
         self.peers: dict[bytes, str] = {}
         self.acks: dict[int, dict[str, tuple[bool, str]]] = {}
+        self.stalled: dict[int, dict[str, str]] = {}
+        self.published = -1
+        self.drops = DropLog("weights control message", log)
 
-    def _handle(self, parts: list[bytes]) -> None:
-        if len(parts) != 3 or parts[1] not in (b"H", b"A"):
-            log.warning("weights publisher: ignoring a malformed message of %d parts", len(parts))
-            return
+    # -- control messages -------------------------------------------------------------------------------------
+
+    def _handle(self, parts: list[zmq.Frame]) -> None:
+        routing = bytes(parts[0].buffer)
+        user = peer_name(parts[-1])
+        sender = user or self.peers.get(routing) or routing[:16].hex()
         try:
-            body = msgpack.unpackb(parts[2], raw=False, max_str_len=4096, max_map_len=16)
-        except Exception as exc:
-            log.warning("weights publisher: bad control payload from %r: %s", parts[0], exc)
-            return
-        if parts[1] == b"H":
-            self.peers[parts[0]] = str(body.get("name", parts[0].hex()))
-        else:
-            name = self.peers.get(parts[0], parts[0].hex())
-            self.acks.setdefault(int(body["version"]), {})[name] = (bool(body["ok"]), str(body.get("error", "")))
+            kind, body = _control(parts)
+            if kind == b"H":
+                self._hello(routing, user, body)
+            else:
+                self._ack(routing, user, body)
+        except WireError as exc:
+            self.drops.drop(sender, exc.field, str(exc))
+
+    def _hello(self, routing: bytes, user: str, body: dict) -> None:
+        name = _field(body, "name", str)
+        if not 0 < len(name) <= 128:
+            raise WireError("name", "expected 1 to 128 characters")
+        if self.zap is not None and name != user:
+            raise WireError("name", f"{name!r:.40} said hello with the key issued to {user!r}")
+        if self.zap is None and self.expected is not None and name not in self.expected:
+            raise WireError("name", f"{name!r:.40} is not a subscriber of this run")
+        for old, known in list(self.peers.items()):  # a reconnecting subscriber replaces its old connection
+            if known == name and old != routing:
+                del self.peers[old]
+        self.peers[routing] = name
+
+    def _ack(self, routing: bytes, user: str, body: dict) -> None:
+        name = self.peers.get(routing)
+        if name is None or (self.zap is not None and name != user):
+            raise WireError("ack", "from a connection that is not a registered subscriber")
+        version = _field(body, "version", int)
+        if not 0 <= version <= self.published:
+            raise WireError("version", f"ack for version {version}, latest published is {self.published}")
+        ok, error = _field(body, "ok", bool), _field(body, "error", str)
+        self.acks.setdefault(version, {})[name] = (ok, error[:1000])
 
     def poll(self, timeout_ms: int = 0) -> None:
         """Process pending hellos and acks."""
         while self._sock.poll(timeout_ms):
-            self._handle(self._sock.recv_multipart())
+            self._handle(self._sock.recv_multipart(copy=False))
             timeout_ms = 0
 
     def wait_for_peers(self, n: int, timeout_s: float) -> None:
@@ -123,44 +176,80 @@ class WeightPublisher:
                 raise TimeoutError(f"only {len(self.peers)} of {n} weight subscribers said hello")
             self.poll(50)
 
+    # -- publishing -------------------------------------------------------------------------------------------
+
     def publish(self, version: int, tensors: Iterable[TensorBytes]) -> int:
         """Send `version` to every registered peer; returns the number of bytes per peer.
 
-        Blocks while a peer's queue is full (it is bounded by `hwm` chunks), so memory stays bounded.
+        Each peer's queue is bounded by `hwm` chunks, so memory stays bounded; a peer whose queue stays full
+        for `stall_timeout_s` is skipped for this version (see the class docstring).
         """
         self.poll(0)
         if not self.peers:
             log.warning("weights publisher: version %d has no subscribers", version)
-        tensors = list(tensors)
-        chunks = list(_chunks(tensors, self.chunk_bytes))
-        total = 0
+        self.published = max(self.published, version)
+        for old in [v for v in self.acks if v < version - 4]:  # bounded bookkeeping
+            self.acks.pop(old, None)
+            self.stalled.pop(old, None)
+        chunks = list(_chunks(list(tensors), self.chunk_bytes))
+        messages = []
         for seq, chunk in enumerate(chunks):
             header = msgpack.packb({
                 "version": version, "seq": seq, "n_chunks": len(chunks),
                 "parts": [[t.name, t.dtype, list(t.shape), off, byte_view(t.data).nbytes]
                           for t, off, _ in chunk],
             })
-            frames = [b"C", header] + [view for _, _, view in chunk]
-            total += sum(len(v) for _, _, v in chunk)
-            for peer in list(self.peers):
-                try:
-                    self._sock.send_multipart([peer] + frames, copy=False)
-                except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer went away
-                    log.warning("weights publisher: dropping peer %s (%s)", self.peers.pop(peer), exc)
-                self.poll(0)
-        return total
+            messages.append([b"C", header] + [view for _, _, view in chunk])
+        self._fan_out(version, messages)
+        return sum(len(v) for chunk in chunks for _, _, v in chunk)
+
+    def _fan_out(self, version: int, messages: list[list]) -> None:
+        now = time.monotonic()
+        cursor = {peer: 0 for peer in self.peers}
+        progress = {peer: now for peer in self.peers}
+        while cursor:
+            moved = False
+            for peer in list(cursor):
+                i = cursor[peer]
+                while i < len(messages):
+                    try:
+                        self._sock.send_multipart([peer] + messages[i], copy=False, flags=zmq.NOBLOCK)
+                    except zmq.Again:  # this peer's queue is full: serve the others meanwhile
+                        break
+                    except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer went away
+                        log.warning("weights publisher: dropping peer %s (%s)", self.peers.pop(peer, "?"), exc)
+                        i = -1
+                        break
+                    i += 1
+                    moved = True
+                    progress[peer] = time.monotonic()
+                if i < 0 or i >= len(messages):
+                    del cursor[peer]
+                    continue
+                cursor[peer] = i
+                idle = time.monotonic() - progress[peer]
+                if idle > self.stall_timeout_s:
+                    name = self.peers.get(peer, peer.hex())
+                    self.stalled.setdefault(version, {})[name] = f"stalled: took no chunk for {idle:.1f} s"
+                    log.warning("weights publisher: %s took no chunk of version %d for %.1f s; skipping it "
+                                "for this version (%d of %d chunks sent)", name, version, idle, i, len(messages))
+                    del cursor[peer]
+            self.poll(0 if moved else 1)  # acks and hellos keep flowing; a short wait when nobody moved
 
     def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
         """Wait until every registered peer acked `version`; returns {peer name: (ok, error)}.
 
+        A peer skipped as stalled for this version counts as answered, with (False, "stalled: ...").
         Raises TimeoutError naming the peers that did not answer in time.
         """
         deadline = time.monotonic() + timeout_s
         while True:
-            got = self.acks.get(version, {})
+            got = dict(self.acks.get(version, {}))
+            for name, why in self.stalled.get(version, {}).items():
+                got.setdefault(name, (False, why))
             missing = [n for n in self.peers.values() if n not in got]
             if not missing:
-                return dict(got)
+                return got
             if time.monotonic() > deadline:
                 raise TimeoutError(f"weights version {version}: no ack from {', '.join(sorted(missing))}")
             self.poll(50)
@@ -168,129 +257,32 @@ class WeightPublisher:
     def close(self, linger_ms: int = 0) -> None:
         self._sock.close(linger_ms)
         if self._own_ctx:
+            release_handler(self._ctx)
             self._ctx.term()
 
 
-class _Assembly:
-    """Buffers for one version while its chunks arrive."""
-
-    def __init__(self, version: int, n_chunks: int, spare: dict[str, np.ndarray] | None = None):
-        self.version = version
-        self.n_chunks = n_chunks
-        self.seen: set[int] = set()
-        self.buffers: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
-        self.filled: dict[str, int] = {}
-        self.spare = spare or {}  # byte buffers of an older version, reused when the sizes match
-
-    def add(self, header: dict, frames: list) -> None:
-        seq = header["seq"]
-        if seq in self.seen or not 0 <= seq < self.n_chunks:
-            raise WireError("seq", f"chunk {seq} repeated or outside [0, {self.n_chunks})")
-        parts = header["parts"]
-        if len(parts) != len(frames):
-            raise WireError("parts", f"{len(parts)} part descriptors for {len(frames)} frames")
-        for (name, dtype, shape, offset, total), frame in zip(parts, frames):
-            if name not in self.buffers:
-                expected = int(np.prod(shape, dtype=np.int64)) * _itemsize(dtype)
-                if expected != total:
-                    raise WireError("parts", f"{name}: shape {shape} of {dtype} is {expected} bytes, not {total}")
-                buf = self.spare.pop(name, None)
-                if buf is None or buf.nbytes != total:
-                    buf = np.empty(total, np.uint8)  # not zero-filled: every byte is written before use
-                self.buffers[name] = (dtype, tuple(shape), buf)
-                self.filled[name] = 0
-            elif self.buffers[name][:2] != (dtype, tuple(shape)) or len(self.buffers[name][2]) != total:
-                raise WireError("parts", f"{name}: dtype/shape differ between chunks of version {self.version}")
-            buf = self.buffers[name][2]
-            n = len(frame)
-            if offset < 0 or offset + n > len(buf):
-                raise WireError("parts", f"{name}: bytes [{offset}, {offset + n}) outside 0..{len(buf)}")
-            buf.data[offset:offset + n] = frame  # a memoryview slice copy runs at memcpy speed
-            self.filled[name] += n
-        self.seen.add(seq)
-
-    def complete(self) -> bool:
-        return len(self.seen) == self.n_chunks and all(
-            self.filled[n] == len(b[2]) for n, b in self.buffers.items())
-
-    def result(self) -> WeightSet:
-        return WeightSet(self.version, {n: TensorBytes(n, d, s, b.data) for n, (d, s, b) in self.buffers.items()})
+MAX_CONTROL_BYTES = 64 << 10  # hellos and acks are a few dozen bytes
 
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
-             "uint8": 1, "bool": 1, "int16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+def _control(parts: list[zmq.Frame]) -> tuple[bytes, dict]:
+    """Parse a subscriber's control message [routing, kind, msgpack map]; WireError if malformed."""
+    if len(parts) != 3:
+        raise WireError("frames", f"expected 2 frames, got {len(parts) - 1}")
+    kind = bytes(parts[1].buffer)
+    if kind not in (b"H", b"A"):
+        raise WireError("kind", f"unknown control message {kind[:8]!r}")
+    try:
+        body = msgpack.unpackb(parts[2].buffer, raw=False, max_str_len=4096, max_bin_len=0, max_array_len=16,
+                               max_map_len=16, max_ext_len=0)
+    except Exception as exc:
+        raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(body, dict):
+        raise WireError("body", f"expected a map, got {type(body).__name__}")
+    return kind, body
 
 
-def _itemsize(dtype: str) -> int:
-    if dtype not in _ITEMSIZE:
-        raise WireError("dtype", f"unsupported dtype {dtype!r}")
-    return _ITEMSIZE[dtype]
-
-
-class WeightSubscriber:
-    """A generator's end. Connects, says hello, and hands out complete versions.
-
-    Buffers are reused: a `WeightSet` returned by `poll` stays valid until the *second* version after it
-    completes (apply it, or copy what you keep, before then).
-    """
-
-    def __init__(self, endpoint: str, name: str | None = None, ctx: zmq.Context | None = None):
-        self._ctx = ctx or zmq.Context.instance()
-        self.name = name or f"generator-{uuid.uuid4().hex[:8]}"
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.ROUTING_ID, f"{self.name}-{uuid.uuid4().hex[:6]}".encode())
-        self._sock.setsockopt(zmq.RCVHWM, 8)
-        self._sock.setsockopt(zmq.LINGER, 1000)
-        self._sock.connect(endpoint)
-        self._sock.send_multipart([b"H", msgpack.packb({"name": self.name})])
-        self._assembly: _Assembly | None = None
-        # Double buffering: the version handed out last stays untouched; the one before it lends its buffers
-        # to the next assembly, so steady-state updates allocate (and page-fault) nothing.
-        self._handed_out: dict[str, np.ndarray] = {}
-        self._spare: dict[str, np.ndarray] = {}
-        self.latest_version = -1
-        self.dropped = 0
-
-    def poll(self, timeout_ms: int | None = 0) -> WeightSet | None:
-        """Receive chunks until a version is complete (returned) or `timeout_ms` passes (None)."""
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
-            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._sock.poll(wait):
-                return None
-            parts = self._sock.recv_multipart(copy=False)
-            try:
-                done = self._accept([p.buffer for p in parts])
-            except (WireError, KeyError, TypeError, ValueError) as exc:
-                self.dropped += 1
-                self._assembly = None  # a version with a bad chunk cannot be trusted; wait for the next one
-                log.warning("weights subscriber %s: dropped a bad chunk: %s", self.name, exc)
-                continue
-            if done is not None:
-                return done
-
-    def _accept(self, parts: list) -> WeightSet | None:
-        if len(parts) < 2 or bytes(parts[0]) != b"C":
-            raise WireError("kind", "expected a weights chunk")
-        header = msgpack.unpackb(parts[1], raw=False, max_array_len=1 << 20)
-        version, n_chunks = int(header["version"]), int(header["n_chunks"])
-        if version <= self.latest_version:
-            return None  # an old version finishing after a newer one was applied
-        if self._assembly is None or self._assembly.version != version:
-            if self._assembly is not None and version < self._assembly.version:
-                return None
-            self._assembly = _Assembly(version, n_chunks, self._spare)  # a newer version supersedes a partial one
-        self._assembly.add(header, parts[2:])
-        if not self._assembly.complete():
-            return None
-        done = self._assembly.result()
-        self._spare, self._handed_out = self._handed_out, {n: b for n, (_, _, b) in self._assembly.buffers.items()}
-        self._assembly = None
-        self.latest_version = version
-        return done
-
-    def ack(self, version: int, ok: bool = True, error: str = "") -> None:
-        self._sock.send_multipart([b"A", msgpack.packb({"version": version, "ok": ok, "error": error})])
-
-    def close(self) -> None:
-        self._sock.close(1000)
+def _field(body: dict, key: str, typ: type):
+    value = body.get(key)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise WireError(key, f"expected {typ.__name__}, got {type(value).__name__}")
+    return value

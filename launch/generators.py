@@ -20,6 +20,7 @@ from typing import Any
 
 from actors.generator import Generator
 from configs.generation import GeneratorConfig
+from core.curve import CurveClient
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,21 +40,29 @@ def actor_options(cfg: GeneratorConfig) -> dict:
     }
 
 
+def replica_names(n: int, prefix: str = "generator") -> list[str]:
+    """The names of the first `n` replicas (they also name their weights-channel keys)."""
+    return [f"{prefix}-{i}" for i in range(n)]
+
+
 def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str, max_model_len: int,
                      weights_endpoint: str = "", initial_version: int = 0, name_prefix: str = "generator",
-                     timeout_s: float = 900.0) -> list[Any]:
-    """Start `cfg.num_replicas` generator actors, wait until each engine is ready, subscribe them to weights."""
+                     timeout_s: float = 900.0, weights_curve: dict[str, CurveClient] | None = None) -> list[Any]:
+    """Start `cfg.num_replicas` generator actors, wait until each engine is ready, subscribe them to weights.
+    `weights_curve`: each replica's CURVE credentials by name (`<name_prefix>-<i>`), when the channel has them."""
     import ray
 
     remote_cls = ray.remote(Generator)
+    names = replica_names(cfg.num_replicas, name_prefix)
     handles = []
     for i in range(cfg.num_replicas):
         handles.append(remote_cls.options(**actor_options(cfg)).remote(
-            str(model_dir), cfg, dtype=dtype, max_model_len=max_model_len, name=f"{name_prefix}-{i}",
+            str(model_dir), cfg, dtype=dtype, max_model_len=max_model_len, name=names[i],
             initial_version=initial_version, replica_index=i))
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
     if weights_endpoint:
-        ray.get([h.subscribe_weights.remote(weights_endpoint) for h in handles], timeout=60)
+        curves = [weights_curve[n] if weights_curve else None for n in names]
+        ray.get([h.subscribe_weights.remote(weights_endpoint, c) for h, c in zip(handles, curves)], timeout=60)
     return handles
 
 

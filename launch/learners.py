@@ -27,10 +27,11 @@ import ray  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from actors.learner import Learner  # noqa: E402
+from actors.learner import Learner, PublisherOptions  # noqa: E402
 from configs.learner import AlgorithmConfig, LearnerConfig  # noqa: E402
 from core.advantages import compute_advantages  # noqa: E402
 from core.batching import TrainSample, shard  # noqa: E402
+from core.curve import CurveServer  # noqa: E402
 from core.trajectory import Trajectory  # noqa: E402
 from core.weights_channel import TensorBytes  # noqa: E402
 
@@ -65,9 +66,11 @@ class LearnerGroup:
     def __init__(self, model_path: str, dtype: str, learner: LearnerConfig, algorithm: AlgorithmConfig, *,
                  sampling_temperature: float = 1.0, weights_host: str | None = LOOPBACK,
                  weights_port: int = 0, weights_chunk_bytes: int = 64 << 20, name: str = "learner",
-                 setup_timeout_s: float = 900.0):
+                 setup_timeout_s: float = 900.0, weights_curve: CurveServer | None = None,
+                 weights_subscribers: list[str] | None = None, weights_stall_timeout_s: float = 60.0):
         """Start `learner.num_ranks` actors and set them up (loads the model; blocks until ready).
-        `weights_host` None: no weights publisher (e.g. a benchmark)."""
+        `weights_host` None: no weights publisher (e.g. a benchmark). `weights_curve`: the publisher's CURVE
+        keys and the subscribers it admits; `weights_subscribers`: the names it accepts without CURVE."""
         self.learner_cfg, self.algorithm = learner, algorithm
         n = learner.num_ranks
         cpus = max(learner.num_cpus_per_rank, 0.01)  # a placement bundle may not be empty
@@ -88,8 +91,10 @@ class LearnerGroup:
             host = LOOPBACK if len({node_id for node_id, _ in nodes}) == 1 else nodes[0][1]
             port = ray.get(self.actors[0].free_port.remote(host))
             self.master = (host, port)
-            infos = _all([a.setup.remote(host, port, weights_host, weights_port, weights_chunk_bytes)
-                          for a in self.actors])
+            publisher = PublisherOptions(weights_host, weights_port, weights_chunk_bytes, weights_curve,
+                                         weights_subscribers, weights_stall_timeout_s)
+            infos = _all([a.setup.remote(host, port, publisher if rank == 0 and weights_host else None)
+                          for rank, a in enumerate(self.actors)])
         except BaseException:
             self.shutdown()
             raise

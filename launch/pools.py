@@ -31,6 +31,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
 from actors.env_pool import EnvPool
 from actors.episode_summary import EpisodeSummary
+from core.curve import CurveClient
 from core.env import Env
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec
@@ -39,18 +40,27 @@ from environments.item_sampler import family_of
 log = logging.getLogger("agentgym.pools")
 
 
+def pool_names(n: int, prefix: str = "envpool") -> list[str]:
+    """The names of the first `n` env-pool actors (they also name their trajectory-channel keys)."""
+    return [f"{prefix}-{k}" for k in range(n)]
+
+
 class PoolSupervisor:
     def __init__(self, env_cfg: Any, policy: Policy, tokenizer_dir: str, limits: EpisodeLimits,
                  trajectory_endpoint: str | None, num_actors: int | None = None, name: str = "envpool",
-                 send_timeout_s: float | None = 600.0, env_factory: Callable[[str, Any], Env] | None = None):
+                 send_timeout_s: float | None = 600.0, env_factory: Callable[[str, Any], Env] | None = None,
+                 trajectory_curve: dict[str, CurveClient] | None = None):
+        """`trajectory_curve`: each actor's CURVE credentials by name (`<name>-<k>`), when the channel has them."""
         self.env_cfg = env_cfg
         count = num_actors or env_cfg.num_actors
+        self.names = pool_names(count, name)
         remote = ray.remote(EnvPool).options(
             max_restarts=env_cfg.max_actor_restarts, max_task_retries=0, num_cpus=env_cfg.num_cpus_per_actor,
             scheduling_strategy="SPREAD")  # over every node with free CPUs: env throughput scales with nodes
-        self.actors = [remote.remote(env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint,
-                                     f"{name}-{k}", send_timeout_s, env_factory) for k in range(count)]
-        self.names = [f"{name}-{k}" for k in range(count)]
+        self.actors = [remote.remote(env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint, actor_name,
+                                     send_timeout_s, env_factory,
+                                     trajectory_curve=trajectory_curve[actor_name] if trajectory_curve else None)
+                       for actor_name in self.names]
         self._in_flight: list[dict[str, EpisodeSpec]] = [{} for _ in range(count)]
         self._incarnations: list[str | None] = [None] * count
         self._down: set[int] = set()  # failed, being probed until they answer again

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from configs.run import is_loopback
 from configs.schema import RootConfig
+from core.curve import RunKeys
 from core.rollout import EpisodeLimits
 
 log = logging.getLogger("agentgym.roles")
@@ -49,6 +51,19 @@ def check_resources(cfg: RootConfig, have: dict[str, float] | None = None) -> No
                              f"Ray cluster has {have.get(resource, 0):g}; lower those counts or add nodes")
 
 
+def transport_keys(cfg: RootConfig) -> RunKeys | None:
+    """The run's CURVE keys when its channels need them (transport.auth, see configs.run), made in memory."""
+    if not cfg.transport.uses_curve():
+        if not is_loopback(cfg.transport.host):
+            log.warning("transport.auth=off on %s: anyone who reaches the ports can push trajectories and read "
+                        "the model (transport.allow_insecure=true)", cfg.transport.host)
+        return None
+    from launch.generators import replica_names
+    from launch.pools import pool_names
+
+    return RunKeys.generate(replica_names(cfg.generator.num_replicas) + pool_names(cfg.env.num_actors))
+
+
 @dataclass
 class Roles:
     cfg: RootConfig
@@ -59,31 +74,35 @@ class Roles:
     pools: Any
 
     @classmethod
-    def start(cls, cfg: RootConfig, trajectory_endpoint: str, limits: EpisodeLimits,
-              resume_learner: Path | None = None) -> "Roles":
-        from core.models import resolve_model
-        from launch.generators import start_generators
+    def start(cls, cfg: RootConfig, model_dir: Path, trajectory_endpoint: str, limits: EpisodeLimits,
+              resume_learner: Path | None = None, keys: RunKeys | None = None) -> "Roles":
+        """Start every role. `keys`: the run's CURVE keys (core.curve), None when the channels go without."""
+        from launch.generators import replica_names, start_generators
         from launch.learners import LearnerGroup
-        from launch.pools import PoolSupervisor
+        from launch.pools import PoolSupervisor, pool_names
         from actors.policy_client import PolicyClient
 
         check_resources(cfg)
-        model_dir = resolve_model(cfg.model.path, cfg.model.cache_dir)
+        t = cfg.transport
+        replicas = replica_names(cfg.generator.num_replicas)
         learners = LearnerGroup(model_dir, cfg.model.dtype, cfg.learner, cfg.algorithm,
-                                sampling_temperature=cfg.rollout.temperature, weights_host=cfg.transport.host,
-                                weights_port=cfg.transport.weights_port,
-                                weights_chunk_bytes=cfg.transport.weights_chunk_mb << 20)
+                                sampling_temperature=cfg.rollout.temperature, weights_host=t.host,
+                                weights_port=t.weights_port, weights_chunk_bytes=t.weights_chunk_mb << 20,
+                                weights_curve=keys.weights_server_side(replicas) if keys else None,
+                                weights_subscribers=replicas, weights_stall_timeout_s=t.weights_stall_timeout_s)
         generators, pools = [], None
         try:
             if resume_learner is not None:
                 learners.load_checkpoint(str(resume_learner))
-            generators = start_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
-                                          max_model_len=cfg.rollout.max_context_tokens,
-                                          weights_endpoint=advertised(learners.weights_endpoint,
-                                                                     learners.rank0_address))
+            generators = start_generators(
+                model_dir, cfg.generator, dtype=cfg.model.dtype, max_model_len=cfg.rollout.max_context_tokens,
+                weights_endpoint=advertised(learners.weights_endpoint, learners.rank0_address),
+                weights_curve={n: keys.weights_client(n) for n in replicas} if keys else None)
             learners.wait_for_subscribers(len(generators), timeout_s=120)
             policy = PolicyClient(generators)
-            pools = PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint)
+            names = pool_names(cfg.env.num_actors)
+            pools = PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint,
+                                   trajectory_curve={n: keys.trajectory_client(n) for n in names} if keys else None)
             pools.wait_ready()
         except BaseException:
             cls._stop_parts(learners, generators, pools)
@@ -118,20 +137,22 @@ class Roles:
                     out[f"perf/generator{i}/{key}"] = float(value)
         return out
 
+    def health(self) -> str:
+        """The first broken channel among the generators ("" when none): the coordinator's watchdog asks."""
+        import ray
+
+        try:
+            answers = ray.get([g.health.remote() for g in self.generators], timeout=30)
+        except Exception as exc:  # an unreachable replica is not a channel fault; the pools report it per episode
+            log.warning("generator health unavailable: %r", exc)
+            return ""
+        return next((a for a in answers if a), "")
+
     def save_policy(self, folder: Path) -> None:
         """The current policy as a Hugging Face folder (what `launch.eval --model` and generators load)."""
         from core.models import save_policy_folder
 
         save_policy_folder(self.learners.gather_weights(), self.model_dir, folder)
-
-    def wandb_sink(self, out: Path, run_id: str):
-        if self.cfg.logging.wandb_mode == "disabled":
-            return None
-        from launch.run import config_record
-        from launch.wandb_sink import WandbSink
-
-        return WandbSink(self.cfg.logging.wandb_mode, self.cfg.logging.project, self.cfg.logging.run_name, out,
-                         config_record(self.cfg), run_id=run_id or None)
 
     def stop(self) -> None:
         self._stop_parts(self.learners, self.generators, self.pools)

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 
-from configs.load import to_dict
 from configs.schema import RootConfig
 from launch.ray_cluster import connect, shutdown
 
@@ -49,10 +47,3 @@ def run_training(cfg: RootConfig) -> int:
         signal.signal(signal.SIGTERM, previous)
         session.close()
         shutdown()
-
-
-def config_record(cfg: RootConfig) -> dict:
-    record = to_dict(cfg)
-    record["_argv"] = " ".join(sys.argv)
-    record["_pid"] = os.getpid()
-    return record

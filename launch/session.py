@@ -15,10 +15,14 @@ from core.horizon import HorizonSchedule
 from core.metrics import JsonlSink
 from core.rollout import EpisodeLimits
 from core.staleness import StalenessGate
+from core.codec import WireLimits
+from core.models import resolve_model, vocab_size
 from core.transport import TrajectoryReceiver
 from environments.item_sampler import mix_sampler
 from launch.progress import Progress
-from launch.roles import Roles, advertised
+from launch.pools import pool_names
+from launch.roles import Roles, advertised, transport_keys
+from launch.wandb_sink import run_sink
 
 log = logging.getLogger("agentgym.session")
 
@@ -71,16 +75,23 @@ class TrainingSession:
     def start(self) -> None:
         cfg = self.cfg
         check_transport_reach(cfg.transport.host)
-        self.receiver = TrajectoryReceiver(cfg.transport.host, cfg.transport.trajectory_port, cfg.transport.hwm)
+        model_dir = resolve_model(cfg.model.path, cfg.model.cache_dir)
+        self.keys = transport_keys(cfg)
+        self.receiver = TrajectoryReceiver(
+            cfg.transport.host, cfg.transport.trajectory_port, cfg.transport.hwm,
+            limits=WireLimits(vocab_size=vocab_size(model_dir)),
+            curve=self.keys.trajectory_server_side(pool_names(cfg.env.num_actors)) if self.keys else None)
         limits = EpisodeLimits(
             max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_context_tokens=cfg.rollout.max_context_tokens,
             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, format_reward=cfg.rollout.format_reward,
             instruction_role=cfg.rollout.instruction_role)
-        self.roles = Roles.start(cfg, advertised(self.receiver.endpoint), limits,
-                                 resume_learner=self.resume_from / "learner" if self.resume_from else None)
+        self.roles = Roles.start(cfg, model_dir, advertised(self.receiver.endpoint), limits,
+                                 resume_learner=self.resume_from / "learner" if self.resume_from else None,
+                                 keys=self.keys)
         write_json(self.out / "placement.json", self.roles.placement())
+        write_json(self.out / "transport.json", self._transport_record())
         self.metrics = JsonlSink(self.out / "metrics.jsonl")
-        self.wandb = self.roles.wandb_sink(self.out, self.state.wandb_run_id)
+        self.wandb = run_sink(cfg, self.out, self.state.wandb_run_id)
         self.state.wandb_run_id = getattr(self.wandb, "run_id", "")
         self.trained_log = open(self.out / "trained.jsonl", "a")
         self.groups_log = open(self.out / "groups.jsonl", "a")
@@ -94,9 +105,19 @@ class TrainingSession:
             max_in_flight=max(cfg.trainer.groups_per_step, -(-2 * slots // cfg.rollout.group_size)),
             on_step=self._on_step, should_checkpoint=self._should_checkpoint, save=self._save,
             state=self.state, ack_timeout_s=cfg.transport.weights_ack_timeout_s,
-            on_group_started=self._on_group_started)
+            on_group_started=self._on_group_started, health=self.roles.health)
         if self._stop:
             self.coordinator.stop_requested = True
+
+    def _transport_record(self) -> dict:
+        """Endpoints and server public keys (public keys are no secret; the key pairs never leave memory)."""
+        keys = self.keys
+        return {"auth": "curve" if keys else "off",
+                "trajectory_endpoint": advertised(self.receiver.endpoint),
+                "weights_endpoint": advertised(self.roles.learners.weights_endpoint,
+                                               self.roles.learners.rank0_address),
+                "trajectory_server_public": keys.trajectory_server.public.decode() if keys else "",
+                "weights_server_public": keys.weights_server.public.decode() if keys else ""}
 
     async def train(self) -> RunState:
         started = time.monotonic()

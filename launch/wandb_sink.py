@@ -5,8 +5,28 @@ The wandb run id is kept in the coordinator's checkpoint, so a resumed run conti
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from configs.load import to_dict
+from configs.schema import RootConfig
+
+
+def config_record(cfg: RootConfig) -> dict:
+    """The resolved config as wandb records it, with the command line and the driver's pid."""
+    record = to_dict(cfg)
+    record["_argv"] = " ".join(sys.argv)
+    record["_pid"] = os.getpid()
+    return record
+
+
+def run_sink(cfg: RootConfig, out: Path, run_id: str) -> "WandbSink | None":
+    """The run's wandb sink (None when `logging.wandb_mode=disabled`); `run_id` continues a resumed run."""
+    if cfg.logging.wandb_mode == "disabled":
+        return None
+    return WandbSink(cfg.logging.wandb_mode, cfg.logging.project, cfg.logging.run_name, out, config_record(cfg),
+                     run_id=run_id or None)
 
 
 class WandbSink:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from configs.learner import AlgorithmConfig, LearnerConfig
-from core.weights_channel import WeightSubscriber
+from core.weights_subscriber import WeightSubscriber
 from tests.toy_task import CueTask, load_weights
 
 pytestmark = pytest.mark.slow

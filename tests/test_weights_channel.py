@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import zmq
 
-from core.weights_channel import TensorBytes, WeightPublisher, WeightSubscriber
+from core.weights_channel import TensorBytes, WeightPublisher
+from core.weights_subscriber import WeightSubscriber
 
 
 def tensor(name: str, arr: np.ndarray) -> TensorBytes:

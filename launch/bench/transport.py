@@ -74,7 +74,7 @@ def memcpy(nbytes: int, count: int) -> float:
 
 
 def _subscribe(endpoint: str, versions: int) -> None:
-    from core.weights_channel import WeightSubscriber
+    from core.weights_subscriber import WeightSubscriber
 
     sub = WeightSubscriber(endpoint, name="bench-generator")
     for _ in range(versions):
