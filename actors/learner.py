@@ -1,6 +1,6 @@
 """One learner rank: a DeepSpeed ZeRO engine that trains the policy with decoupled PPO.
 
-A plain class; launch/learners.py makes one Ray actor per data-parallel rank. Lifecycle: `free_port` (rank 0,
+A plain class; launch/learners.py makes one Ray actor per data-parallel rank. Lifecycle: `listen` (rank 0,
 for the rendezvous) -> `setup` on every rank at once -> `train_step` / `publish_weights` / `save_checkpoint` /
 `load_checkpoint`, called on every rank with the same arguments except the batch shard.
 
@@ -77,11 +77,14 @@ class Learner:
         self.engine = None
         self.reference = None
         self.publisher: WeightPublisher | None = None
+        self._listener = None  # rank 0's rendezvous socket (listen)
 
     # -- set-up ---------------------------------------------------------------------------------------------
 
-    def free_port(self, host: str) -> int:
-        return zero_engine.free_port(host)
+    def listen(self, host: str) -> int:
+        """Rank 0: open the rendezvous listener on `host` (only there) and return its port."""
+        self._listener = zero_engine.listen_socket(host)
+        return int(self._listener.getsockname()[1])
 
     def setup(self, master_addr: str, master_port: int, publisher: PublisherOptions | None = None) -> dict:
         """Join the process group, load the model into a ZeRO engine, and (rank 0, if `publisher` is given)
@@ -95,7 +98,7 @@ class Learner:
             threads = self.cfg.torch_threads or len(self.cfg.cpu_cores) or int(self.cfg.num_cpus_per_rank)
             torch.set_num_threads(max(1, threads))
         self.device = zero_engine.init_process_group(self.rank, self.world_size, master_addr, master_port,
-                                                     use_gpu)
+                                                     use_gpu, listener=self._listener)
         torch.manual_seed(self.cfg.seed)
         torch_dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
         policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype,

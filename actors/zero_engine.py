@@ -22,16 +22,20 @@ import torch.distributed as dist
 from core.weights_channel import TensorBytes
 
 
-def free_port(host: str) -> int:
-    """A port that is free on `host` now (the rendezvous binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def listen_socket(host: str, port: int = 0) -> socket.socket:
+    """A TCP socket listening on `host` alone (the rendezvous store serves on it; torch's own would listen on
+    every interface)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    return sock
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, use_gpu: bool,
-                       timeout_s: float = 600.0) -> torch.device:
-    """Join the learners' process group; returns this rank's device."""
+                       timeout_s: float = 600.0, listener: socket.socket | None = None) -> torch.device:
+    """Join the learners' process group; returns this rank's device. Rank 0 serves the rendezvous store on
+    `listener` (bound to the advertised address by `listen_socket`); the others connect to it."""
     import deepspeed  # not at the top: whoever imports the Learner class (the driver) needs no DeepSpeed
 
     # DeepSpeed's ZeRO collectives call torch APIs that warn on every call in this torch version.
@@ -42,10 +46,16 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
                       MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
     if use_gpu:
         torch.cuda.set_device(0)
-    deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo", auto_mpi_discovery=False,
-                               init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                               world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
-                               verbose=False)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    backend = "nccl" if use_gpu else "gloo"
+    if rank == 0 and listener is None:
+        raise ValueError("rank 0 needs the listening socket of the rendezvous (listen_socket)")
+    store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout, wait_for_workers=False,
+                          master_listen_fd=listener.fileno() if rank == 0 else None)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    # DeepSpeed adopts the initialised group (it only wraps it).
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=rank, world_size=world_size,
+                               timeout=timeout, verbose=False)
     return torch.device("cuda", 0) if use_gpu else torch.device("cpu")
 
 

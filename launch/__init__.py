@@ -1,12 +1,10 @@
 """Entry points (train, eval, bench, splits, env_server), Ray wiring and placement.
 
 Ray reads its listening settings when it is *imported*, not when it starts, so the loopback defaults are set
-here, before any launch module can import Ray: a local Ray then listens on 127.0.0.1 only.
+here, before any launch module can import Ray: a local Ray then listens on 127.0.0.1 only. Token
+authentication is switched off only for a local Ray, never for a run that joins a cluster.
 """
 import os as _os
-
-_os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-_os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # `python -m launch.X` puts the working directory on sys.path as "" (relative): pin the checkout's absolute
 # path, because Ray's job runtime may change the directory while the driver starts.
@@ -16,3 +14,8 @@ from pathlib import Path as _Path
 _ROOT = str(_Path(__file__).resolve().parents[1])
 if _ROOT not in _sys.path:
     _sys.path.insert(0, _ROOT)
+
+from launch.ray_cluster import ray_env_defaults as _ray_env_defaults  # noqa: E402
+
+for _key, _value in _ray_env_defaults().items():
+    _os.environ.setdefault(_key, _value)

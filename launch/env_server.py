@@ -1,5 +1,6 @@
 """Serve one of our env families over AgentGym's env-server protocol:
-`python -m launch.env_server --env babyai --port 36001 [--host 127.0.0.1] [--config X.yaml] [key=value ...]`.
+`python -m launch.env_server --env babyai --port 36001 [--host 127.0.0.1] [--max-envs N] [--config X.yaml]
+[key=value ...]`.
 
 AgentGym's clients (and env.agentgym_http) can then use it like the reference's servers. It binds to loopback
 unless --host says otherwise; the env options come from the `env` section of the config.
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=36001)
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     parser.add_argument("--config", default=None, help="YAML recipe for the env options")
+    parser.add_argument("--max-envs", type=int, default=None,
+                        help="envs held at once; /create past it answers 429 (default: sized to this machine's "
+                             "memory, about 512 MiB per SciWorld env and 64 MiB per other env)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.babyai.parse_mode=strict")
     args = parser.parse_args(argv)
     try:
@@ -33,8 +37,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from environments.agentgym_http import make_server
 
-    server = make_server(args.env, cfg.env)
-    print(f"serving {args.env} on http://{args.host}:{args.port}", flush=True)
+    if args.max_envs is not None and args.max_envs < 1:
+        print("launch.env_server: --max-envs must be >= 1", file=sys.stderr)
+        return 2
+    server = make_server(args.env, cfg.env, max_envs=args.max_envs)
+    print(f"serving {args.env} on http://{args.host}:{args.port} (at most {server.max_envs} envs)", flush=True)
     web.run_app(server.app(), host=args.host, port=args.port, print=None)
     return 0
 

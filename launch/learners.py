@@ -16,11 +16,11 @@ import logging
 import os
 from typing import Sequence
 
-from launch.ray_cluster import LOCAL_RAY_ENV
+from launch.ray_cluster import ray_env_defaults
 
 # Ray reads these when it is imported, not when it starts: set after `import ray`, a local Ray listens on
 # every interface and advertises the machine's external address (seen with Ray 2.60). As in connect().
-for _key, _value in LOCAL_RAY_ENV.items():
+for _key, _value in ray_env_defaults().items():
     os.environ.setdefault(_key, _value)
 
 import ray  # noqa: E402
@@ -89,7 +89,7 @@ class LearnerGroup:
             nodes = [_node_of(a) for a in self.actors]
             self.rank0_address = nodes[0][1]  # where rank 0 (the weights publisher) runs
             host = LOOPBACK if len({node_id for node_id, _ in nodes}) == 1 else nodes[0][1]
-            port = ray.get(self.actors[0].free_port.remote(host))
+            port = ray.get(self.actors[0].listen.remote(host))
             self.master = (host, port)
             publisher = PublisherOptions(weights_host, weights_port, weights_chunk_bytes, weights_curve,
                                          weights_subscribers, weights_stall_timeout_s)

@@ -6,23 +6,43 @@ and otherwise starts a local Ray that listens on 127.0.0.1 only.
 from __future__ import annotations
 
 import os
+import sys
 
 # A local Ray must stay on loopback, and a local ray.init must not write an auth token that later breaks
 # `ray start` / `ray job submit`. Ray reads these when it is imported: launch/__init__.py sets them before
-# any launch module imports Ray; connect() sets them again for callers from elsewhere.
+# any launch module imports Ray; connect() sets them again for callers from elsewhere. A run that joins an
+# existing cluster never touches RAY_AUTH_MODE: that cluster's token authentication stays as it is.
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def joins_cluster(argv: list[str] | None = None, environ: dict | None = None) -> bool:
+    """Whether this process will join an existing Ray cluster (RAY_ADDRESS, or a `ray.address=` override)
+    rather than start a local one."""
+    argv = sys.argv if argv is None else argv
+    environ = os.environ if environ is None else environ
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("ray.address=")]
+    return bool(environ.get("RAY_ADDRESS") or (given and given[-1] not in ("", "''", '""')))
+
+
+def ray_env_defaults(argv: list[str] | None = None, environ: dict | None = None) -> dict[str, str]:
+    """The Ray environment this process sets before Ray is imported: the loopback listener setting always,
+    and auth off only for a local Ray."""
+    if joins_cluster(argv, environ):
+        return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": LOCAL_RAY_ENV["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]}
+    return dict(LOCAL_RAY_ENV)
 
 
 def connect(address: str = "", num_cpus: int = 0, namespace: str = "agentgym-rl",
             runtime_env: dict | None = None) -> str:
     """Join or start Ray; returns "local" or the address joined. Safe to call twice."""
-    for key, value in LOCAL_RAY_ENV.items():
+    address = address or os.environ.get("RAY_ADDRESS", "")
+    defaults = ray_env_defaults([f"ray.address={address}"] if address else [])
+    for key, value in defaults.items():
         os.environ.setdefault(key, value)
     import ray
 
     if ray.is_initialized():
         return "existing"
-    address = address or os.environ.get("RAY_ADDRESS", "")
     if address:
         ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)
         return address

@@ -20,12 +20,13 @@ def make_env(cfg: Any) -> Env:
     return AgentGymHTTPEnv(cfg.url, cfg.task, cfg.timeout_s, cfg.parse_mode)
 
 
-def make_server(family: str, env_cfg: Any):
-    """An EnvServer for our family `family`, each env built from the `env` config section."""
+def make_server(family: str, env_cfg: Any, max_envs: int | None = None):
+    """An EnvServer for our family `family`, each env built from the `env` config section; at most `max_envs`
+    envs at once (None: sized to this machine's memory, server.default_max_envs)."""
     from environments.agentgym_http.server import EnvServer
     from environments.registry import make_env as make_ours
 
-    return EnvServer(family, lambda: make_ours(family, env_cfg))
+    return EnvServer(family, lambda: make_ours(family, env_cfg), max_envs=max_envs)
 
 
 @contextlib.contextmanager

@@ -6,8 +6,11 @@ What must hold:
 - `/step` takes the extracted action the reference clients send; it is handed to the env as the reply
   "Action:\n<action>" (a text that already holds "Action:" is passed unchanged), so the env's own parser and
   explanations apply.
-- Errors are HTTP 400 (bad request: unknown id, step before reset, malformed body) or 500 (the env raised),
-  always with {"error": ...}: clients of the reference assert status 200, so they fail loudly too.
+- Errors are HTTP 4xx for the client's faults (400: unknown id, step before reset, a body that is not UTF-8
+  or not a JSON object, nested past `MAX_JSON_DEPTH`, numbers out of range; 413: a body over
+  `MAX_BODY_BYTES`; 429: `max_envs` envs already open) and 500 only when the env itself raised, always with
+  {"error": ...}: clients of the reference assert status 200, so they fail loudly too.
+- At most `max_envs` envs exist at once (each SciWorld env is a JVM): `/create` past that is refused.
 - It binds 127.0.0.1 unless told otherwise.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 from typing import Any, Callable
 
@@ -27,13 +31,47 @@ from environments.parsing import MARKER
 log = logging.getLogger("agentgym.env_server")
 
 
+MAX_BODY_BYTES = 1 << 20
+MAX_JSON_DEPTH = 32
+MAX_INDEX = (1 << 31) - 1
+
+
 class BadRequest(Exception):
-    pass
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def default_max_envs(family: str) -> int:
+    """Envs one server holds at most by default, from this machine's memory: a SciWorld env is a JVM
+    (about 512 MiB with its heap), the others a few MiB (64 MiB allowed each)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 8 << 30
+    per_env = (512 << 20) if family == "sciworld" else (64 << 20)
+    return max(4, memory // per_env)
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a parsed JSON value, stopping at `limit` + 1 (iterative: no recursion to exhaust)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            break
+        if isinstance(node, dict):
+            stack += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+    return deepest
 
 
 class EnvServer:
-    def __init__(self, family: str, make: Callable[[], Env]):
+    def __init__(self, family: str, make: Callable[[], Env], max_envs: int | None = None):
         self.family = family
+        self.max_envs = max_envs or default_max_envs(family)
         self._make = make
         self._envs: dict[int, Env] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -43,7 +81,7 @@ class EnvServer:
         self._next_id = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/", self._hello)
         app.router.add_post(CREATE, self._wrap(self._create))
         app.router.add_post(RESET, self._wrap(self._reset))
@@ -58,7 +96,10 @@ class EnvServer:
             try:
                 return web.json_response(await handler(request))
             except BadRequest as exc:
-                return web.json_response({"error": str(exc)}, status=400)
+                return web.json_response({"error": str(exc)}, status=exc.status)
+            except web.HTTPRequestEntityTooLarge:
+                return web.json_response({"error": f"request bodies are limited to {MAX_BODY_BYTES} bytes"},
+                                         status=413)
             except Exception as exc:  # the env itself failed: report it, never a silent zero
                 log.exception("%s %s failed", request.method, request.path)
                 return web.json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
@@ -70,22 +111,29 @@ class EnvServer:
     # -- helpers ------------------------------------------------------------------------------------------
     @staticmethod
     async def _body(request: web.Request) -> dict:
-        raw = await request.text()
-        if not raw.strip():
+        raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge, answered 413
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRequest("request body is not UTF-8") from None
+        if not text.strip():
             return {}
         try:
-            body = json.loads(raw)
-        except ValueError:
+            body = json.loads(text)
+        except (ValueError, RecursionError):  # ValueError also covers integers of over 4,300 digits
             raise BadRequest("request body is not JSON") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            raise BadRequest(f"request body is nested deeper than {MAX_JSON_DEPTH}")
         return body
 
     def _id(self, value: Any) -> int:
-        try:
-            env_id = int(value)
-        except (TypeError, ValueError):
-            raise BadRequest(f"id {value!r} is not an integer") from None
+        if isinstance(value, str) and value.isdigit() and len(value) <= 18:
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise BadRequest(f"id {value!r:.40} is not an integer")
+        env_id = value
         if env_id not in self._envs:
             raise BadRequest(f"The id {env_id} is not valid.")
         return env_id
@@ -93,6 +141,9 @@ class EnvServer:
     # -- endpoints ----------------------------------------------------------------------------------------
     async def _create(self, request: web.Request) -> dict:
         await self._body(request)  # TextCraft's clients send {"commands", "goal"}: accepted, unused
+        if len(self._envs) >= self.max_envs:
+            raise BadRequest(f"{self.max_envs} envs are open, the most this server holds (--max-envs); "
+                             "close one first", status=429)
         env_id = self._next_id
         self._next_id += 1
         self._envs[env_id] = self._make()
@@ -104,8 +155,8 @@ class EnvServer:
         body = await self._body(request)
         env_id = self._id(body.get("id"))
         index = body.get("data_idx", 0)
-        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-            raise BadRequest(f"data_idx {index!r} is not an integer >= 0")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= MAX_INDEX:
+            raise BadRequest(f"data_idx {index!r:.40} is not an integer in [0, {MAX_INDEX}]")
         async with self._locks[env_id]:
             obs = await self._envs[env_id].reset(f"{self.family}_{index}")
             self._observations[env_id] = obs.text

@@ -44,12 +44,15 @@ class Simulator:
         from scienceworld.constants import BASEPATH, JAR_PATH
 
         self.heap_mb = heap_mb
-        port, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH, return_proc=True,
-                                    javaopts=jvm_options(heap_mb))
+        # The gateway listens on loopback; its auth token (made by the JVM, read from its stdout) keeps other
+        # local users from driving the JVM (py4j can call any Java method, files and processes included).
+        port, token, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH, return_proc=True,
+                                           javaopts=jvm_options(heap_mb), enable_auth=True)
         self.process = proc
         try:
-            self._gateway = JavaGateway(gateway_parameters=GatewayParameters(auto_field=True, port=port),
-                                        java_process=proc)
+            self._gateway = JavaGateway(
+                gateway_parameters=GatewayParameters(auto_field=True, port=port, auth_token=token),
+                java_process=proc)
             self._server = self._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
         except BaseException:
             self._kill()

@@ -17,7 +17,7 @@ import json
 import secrets
 import threading
 from http import HTTPStatus
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -55,16 +55,31 @@ def order_total(order: dict) -> float:
     return sum(BY_ID[pid].price * qty for pid, qty in order["lines"])
 
 
+MAX_BODY_BYTES = 1 << 20
+
+
+class ClientError(Exception):
+    """A malformed request: answered with `status` (4xx), never with a traceback or a dropped connection."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 class ShopHandler(BaseHTTPRequestHandler):
     server: "ShopServer"
     protocol_version = "HTTP/1.1"
+    timeout = 15  # seconds a connection may stay silent mid-request: a body shorter than declared frees its thread
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         return None  # quiet: tests and benches make thousands of requests
 
     # ---- plumbing -------------------------------------------------------------------------------------------
     def _cookies(self) -> SimpleCookie:
-        return SimpleCookie(self.headers.get("Cookie", ""))
+        try:
+            return SimpleCookie(self.headers.get("Cookie", ""))
+        except CookieError:
+            raise ClientError(HTTPStatus.BAD_REQUEST, "malformed Cookie header") from None
 
     def _session(self) -> dict:
         """This browser's session, created (and its cookie queued on the response) on its first request."""
@@ -118,12 +133,40 @@ class ShopHandler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.FOUND, b"", "text/plain", headers)
 
     def _form(self) -> dict[str, str]:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length).decode() if length else ""
+        declared = (self.headers.get("Content-Length") or "0").strip()
+        if not declared.isdigit() or len(declared) > 12:
+            raise ClientError(HTTPStatus.BAD_REQUEST, "Content-Length must be a non-negative integer")
+        length = int(declared)
+        if length > MAX_BODY_BYTES:
+            raise ClientError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"bodies are limited to {MAX_BODY_BYTES} bytes")
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:
+            raise ClientError(HTTPStatus.BAD_REQUEST, "the body is shorter than its Content-Length")
+        try:
+            raw = body.decode()
+        except UnicodeDecodeError:
+            raise ClientError(HTTPStatus.BAD_REQUEST, "the body is not UTF-8") from None
         if "json" in (self.headers.get("Content-Type") or ""):
-            data = json.loads(raw or "{}")
-            return {k: str(v) for k, v in data.items()}
+            try:
+                data = json.loads(raw or "{}")
+            except (ValueError, RecursionError):
+                raise ClientError(HTTPStatus.BAD_REQUEST, "the body is not valid JSON") from None
+            if not isinstance(data, dict):
+                raise ClientError(HTTPStatus.BAD_REQUEST, "the JSON body must be an object")
+            return {str(k): str(v) for k, v in data.items()}
         return {k: v[-1] for k, v in parse_qs(raw).items()}
+
+    def _guarded(self, handler) -> None:
+        """Run one request; a malformed one gets its 4xx, and the connection is closed after it."""
+        self._begin()
+        try:
+            handler()
+        except ClientError as exc:
+            self.close_connection = True
+            self._new_cookies = []
+            self._json(exc.status, {"message": str(exc)})
+        except (ConnectionError, TimeoutError):  # the client went away or stalled mid-request
+            self.close_connection = True
 
     def _not_found(self) -> None:
         self._page(("404 Not Found", "<h1>Whoops, our bad...</h1><p>The page you requested was not found.</p>"),
@@ -134,7 +177,9 @@ class ShopHandler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self) -> None:  # noqa: N802
-        self._begin()
+        self._guarded(self._get)
+
+    def _get(self) -> None:
         url = urlparse(self.path)
         path = url.path if url.path.endswith((".html", "/")) else url.path + "/"
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
@@ -191,7 +236,9 @@ class ShopHandler(BaseHTTPRequestHandler):
 
     # ---- POST -----------------------------------------------------------------------------------------------
     def do_POST(self) -> None:  # noqa: N802
-        self._begin()
+        self._guarded(self._post)
+
+    def _post(self) -> None:
         path = urlparse(self.path).path
         if path.startswith("/rest/"):
             return self._rest_post(path, self._form())
