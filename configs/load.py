@@ -42,11 +42,20 @@ def _set(cfg: DictConfig, key: str, value: Any) -> None:
             if not dataclasses.is_dataclass(hint):
                 raise ConfigError(key, f"{'.'.join(parts[:i + 1])} is a value, not a section")
             section_type = hint
+        elif hint is str and isinstance(value, bool):
+            value = _yaml_word(value, names[part].metadata.get("choices", ()))
     try:
         OmegaConf.update(cfg, key, value, merge=False)
     except OmegaConfBaseException as exc:
         msg = str(exc).splitlines()[0]
         raise ConfigError(key, f"wrong type or value: {msg}") from None
+
+
+def _yaml_word(value: bool, choices: tuple) -> Any:
+    """YAML reads off/on/yes/no as booleans; for a text field whose choices hold one of those words, that
+    word is what was written (`transport.auth=off`)."""
+    words = ("off", "no", "false") if value is False else ("on", "yes", "true")
+    return next((c for c in choices if c in words), value)
 
 
 def _apply(cfg: DictConfig, values: dict, prefix: str = "") -> None:

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 
 import zmq
+from zmq.utils import z85
 
 log = logging.getLogger("agentgym.curve")
 
@@ -91,7 +92,7 @@ class ZapHandler:
     def admit(self, clients: dict[bytes, str]) -> None:
         """Admit these client public keys (Z85) under their names."""
         for public, name in clients.items():
-            self._clients[zmq.z85_decode(public)] = name
+            self._clients[z85.decode(public)] = name
 
     def _serve(self) -> None:
         while not self._stop.is_set():

@@ -24,6 +24,7 @@ import zmq
 
 from core.curve import CurveClient
 from core.trajectory import WireError
+from core.transport import DropLog
 from core.weights_channel import MAX_CONTROL_BYTES, TensorBytes, WeightSet, itemsize
 
 log = logging.getLogger("agentgym.weights")
@@ -155,9 +156,8 @@ class WeightSubscriber:
         self._handed_out: dict[str, np.ndarray] = {}
         self._spare: dict[str, np.ndarray] = {}
         self.latest_version = -1
-        self.dropped = 0
+        self.drops = DropLog("weights chunk", log)
         self.abandoned = 0
-        self.last_error = ""
 
     def poll(self, timeout_ms: int | None = 0) -> WeightSet | None:
         """Receive chunks until a version is complete (returned) or `timeout_ms` passes (None)."""
@@ -170,15 +170,18 @@ class WeightSubscriber:
             try:
                 done = self._accept([p.buffer for p in parts])
             except WireError as exc:
-                self.dropped += 1
-                self.last_error = str(exc)[:500]
                 if self._assembly is not None:  # a version with a bad chunk cannot be trusted
                     self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
                     self._assembly = None
-                log.warning("weights subscriber %s: dropped a bad chunk: %s", self.name, self.last_error)
+                self.drops.drop(f"the publisher (at {self.name})", exc.field, str(exc))
                 continue
             if done is not None:
                 return done
+
+    @property
+    def dropped(self) -> int:
+        """Chunks dropped as malformed."""
+        return self.drops.total
 
     def _accept(self, frames: list) -> WeightSet | None:
         if len(frames) < 2 or bytes(frames[0]) != b"C":
