@@ -129,9 +129,8 @@ class Coordinator:
                 if traj is not None:
                     loop.call_soon_threadsafe(self._arrived.put_nowait, traj)
         except BaseException as exc:
-            self._pump_error = exc
+            self._pump_error = exc  # the watchdog raises it in the run's own task
             log.critical("the trajectory receiver thread died: %r", exc)
-            raise
 
     async def _check_channels(self, pump: threading.Thread) -> None:
         """The watchdog: a dead receiver thread or a role reporting a broken channel ends the run, named."""
