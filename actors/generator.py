@@ -387,13 +387,17 @@ class Generator:
                                         name=f"{self.name}-weights", daemon=True)
         self._thread.start()
         await asyncio.to_thread(ready.wait, 30)
+        if self._weights_error:
+            raise RuntimeError(self._weights_error)
 
     def _weights_loop(self, endpoint: str, curve: CurveClient | None, loop: asyncio.AbstractEventLoop,
                       ready: threading.Event) -> None:
-        # Its socket is used by this thread only. A version can only hold this model's tensors.
-        subscriber = WeightSubscriber(endpoint, name=self.name, curve=curve, expected=self._expected_sent)
-        ready.set()
+        subscriber = None
         try:
+            # Its socket is used by this thread only. A version can only hold this model's tensors.
+            subscriber = WeightSubscriber(endpoint, name=self.name, curve=curve,
+                                          expected={n: shape for n, (_, shape) in self._expected_sent.items()})
+            ready.set()
             while not self._stop.is_set():
                 weights = subscriber.poll(200)
                 if weights is None:
@@ -408,9 +412,10 @@ class Generator:
         except BaseException as exc:  # the subscriber drops bad chunks itself: this is a bug, reported by health()
             self._weights_error = f"{self.name}: the weights thread died: {type(exc).__name__}: {exc}"
             log.critical(self._weights_error)
-            raise
         finally:
-            subscriber.close()
+            ready.set()
+            if subscriber is not None:
+                subscriber.close()
 
     async def health(self) -> str:
         """"" while this replica can take weight updates; otherwise what broke (the run's watchdog asks)."""

@@ -5,6 +5,8 @@
   record. memcpy: a copy of a buffer of the same size.
 - A 256 MB weights payload: the weights channel to a subscriber process, until its ack; Ray put + get of the same
   array; memcpy of the same bytes.
+- The same ZeroMQ paths with CURVE (authenticated and encrypted, as off loopback by default): side by side with
+  the plain ones, `curve_over_plain_1mb` and `curve_over_plain_weights` (throughput ratios).
 Throughput ratios are measured in this one run. The last line is the JSON of the figures.
 """
 from __future__ import annotations
@@ -22,23 +24,32 @@ from launch.bench.samples import trajectory_of_bytes
 KB, MB = 1 << 10, 1 << 20
 
 
-def _produce(endpoint: str, size: int, count: int) -> None:
+def _produce(endpoint: str, size: int, count: int, curve=None) -> None:
     from core.transport import TrajectorySender
 
-    tx = TrajectorySender(endpoint, name="bench-producer", hwm=64)
+    tx = TrajectorySender(endpoint, name="bench-producer", hwm=64, curve=curve)
     traj = trajectory_of_bytes(size)
     for _ in range(count):
         tx.send(traj)
     tx.close()
 
 
-def zmq_trajectories(size: int, count: int, warmup: int) -> float:
-    """Seconds for `count` records after `warmup`, producer in another process."""
+def _keys(client: str):
+    from core.curve import RunKeys
+
+    return RunKeys.generate([client])
+
+
+def zmq_trajectories(size: int, count: int, warmup: int, curve: bool = False) -> float:
+    """Seconds for `count` records after `warmup`, producer in another process (CURVE when `curve`)."""
     from core.codec import WireLimits
     from core.transport import TrajectoryReceiver
 
-    rx = TrajectoryReceiver(hwm=64, limits=WireLimits(max_tokens=1 << 22))
-    proc = mp.get_context("spawn").Process(target=_produce, args=(rx.endpoint, size, warmup + count))
+    keys = _keys("bench-producer") if curve else None
+    rx = TrajectoryReceiver(hwm=64, limits=WireLimits(max_tokens=1 << 22),
+                            curve=keys.trajectory_server_side(["bench-producer"]) if keys else None)
+    client = keys.trajectory_client("bench-producer") if keys else None
+    proc = mp.get_context("spawn").Process(target=_produce, args=(rx.endpoint, size, warmup + count, client))
     proc.start()
     for _ in range(warmup):
         assert rx.recv(60_000) is not None
@@ -73,21 +84,23 @@ def memcpy(nbytes: int, count: int) -> float:
     return time.perf_counter() - start
 
 
-def _subscribe(endpoint: str, versions: int) -> None:
+def _subscribe(endpoint: str, versions: int, curve=None) -> None:
     from core.weights_subscriber import WeightSubscriber
 
-    sub = WeightSubscriber(endpoint, name="bench-generator")
+    sub = WeightSubscriber(endpoint, name="bench-generator", curve=curve)
     for _ in range(versions):
         ws = sub.poll(120_000)
         sub.ack(ws.version)
     sub.close()
 
 
-def zmq_weights(nbytes: int, count: int) -> float:
+def zmq_weights(nbytes: int, count: int, curve: bool = False) -> float:
     from core.weights_channel import TensorBytes, WeightPublisher
 
-    pub = WeightPublisher()
-    proc = mp.get_context("spawn").Process(target=_subscribe, args=(pub.endpoint, count + 1))
+    keys = _keys("bench-generator") if curve else None
+    pub = WeightPublisher(curve=keys.weights_server_side(["bench-generator"]) if keys else None)
+    client = keys.weights_client("bench-generator") if keys else None
+    proc = mp.get_context("spawn").Process(target=_subscribe, args=(pub.endpoint, count + 1, client))
     proc.start()
     pub.wait_for_peers(1, timeout_s=60)
     arr = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
@@ -121,30 +134,34 @@ def main(argv: list[str]) -> int:
         traj = trajectory_of_bytes(size)
         wire = sum(len(f) for f in encode(traj))
         times = {"zmq": zmq_trajectories(size, count, warmup=count // 10),
+                 "zmq+curve": zmq_trajectories(size, count, warmup=count // 10, curve=True),
                  "ray": ray_put_get(traj, count, warmup=count // 10),
                  "memcpy": memcpy(wire, count)}
         for path, seconds in times.items():
             rows.append([f"trajectory {label}", path, count / seconds, wire * count / seconds / 1e9,
                          times["ray"] / times["zmq"] if path == "zmq" else "",
                          times["memcpy"] / times["zmq"] if path == "zmq" else ""])
+        figures[f"curve_over_plain_{label}"] = times["zmq"] / times["zmq+curve"]
         figures[f"zmq_over_ray_{label}"] = times["ray"] / times["zmq"]
         figures[f"zmq_over_memcpy_{label}"] = times["memcpy"] / times["zmq"]
         figures[f"zmq_gbps_{label}"] = wire * count / times["zmq"] / 1e9
 
     nbytes, count = args.weights_mb * MB, args.weights_count
     arr = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
-    times = {"zmq": zmq_weights(nbytes, count), "ray": ray_put_get(arr, count, warmup=1),
-             "memcpy": memcpy(nbytes, count)}
+    times = {"zmq": zmq_weights(nbytes, count), "zmq+curve": zmq_weights(nbytes, count, curve=True),
+             "ray": ray_put_get(arr, count, warmup=1), "memcpy": memcpy(nbytes, count)}
     for path, seconds in times.items():
         rows.append([f"weights {args.weights_mb} MB", path, count / seconds, nbytes * count / seconds / 1e9,
                      times["ray"] / times["zmq"] if path == "zmq" else "",
                      times["memcpy"] / times["zmq"] if path == "zmq" else ""])
+    figures["curve_over_plain_weights"] = times["zmq"] / times["zmq+curve"]
     figures["zmq_over_ray_weights"] = times["ray"] / times["zmq"]
     figures["zmq_over_memcpy_weights"] = times["memcpy"] / times["zmq"]
     shutdown()
 
     print(table(["payload", "path", "msgs/s", "GB/s", "zmq/ray", "zmq/memcpy"], rows))
     print("zmq: producer process -> encode -> loopback TCP -> decode + validate; weights until the receiver's ack.")
+    print("zmq+curve: the same with CURVE (per-run keys, encrypted); curve_over_plain = its throughput / plain's.")
     print("ray: ray.get(ray.put(x)) in one process; memcpy: np.copyto of the same number of bytes.")
     emit(figures)
     return 0
