@@ -94,3 +94,47 @@ def test_loopback_transport_is_refused_on_a_multi_node_cluster(two_nodes, tiny_m
                 f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}", timeout=300, check=False)
     assert job.returncode != 0
     assert "transport.host" in job.stdout + job.stderr
+
+
+def test_curve_keeps_an_outsider_out_while_the_run_trains(two_nodes, tiny_model_dir, tmp_path):
+    """transport.auth=auto on a non-loopback host: CURVE. An intruder in the head's namespace, knowing the
+    endpoints and public keys, can neither push, subscribe nor ack; the run trains unaffected."""
+    head, worker = two_nodes
+    out, report = tmp_path / "run", tmp_path / "intruder.json"
+    intruder = subprocess.Popen(
+        ["ip", "netns", "exec", worker, sys.executable, "-m", "tests.net_intruder", str(out), "240", str(report)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        job = in_ns(head, "ray", "job", "submit", f"--address=http://{HEAD_IP}:8265", "--working-dir", str(ROOT),
+                    "--", "python", "-m", "launch.train", "--config", str(TINY_RECIPE.relative_to(ROOT)),
+                    f"model.path={tiny_model_dir}", f"trainer.output_dir={out}", "trainer.total_steps=3",
+                    "env.num_actors=2", f"transport.host={HEAD_IP}", "eval.at_end=false",
+                    "logging.wandb_mode=disabled", timeout=900, check=False)
+    finally:
+        intruder.terminate()
+        _, err = intruder.communicate(timeout=60)
+    log = job.stdout + job.stderr
+    assert job.returncode == 0, log[-4000:]
+    assert [r["step"] for r in map(json.loads, (out / "trained.jsonl").read_text().splitlines())] == [1, 2, 3]
+    transport = json.loads((out / "transport.json").read_text())
+    assert transport["auth"] == "curve" and transport["trajectory_endpoint"].startswith(f"tcp://{HEAD_IP}:")
+    assert report.exists(), err[-2000:]
+    seen = json.loads(report.read_text())
+    assert seen["saw_transport_json"] and seen["trajectory_attempts"] > 0 and seen["weights_attempts"] > 0, seen
+    assert seen["chunks_received"] == 0, seen  # no weights reached the outsider
+    assert "its CURVE key is not one of this run's" in log  # handshakes refused (driver and learner log it)
+    trained = [t for r in map(json.loads, (out / "trained.jsonl").read_text().splitlines())
+               for t in r["trajectories"]]
+    assert "g0000000-babyai_0.a0.s0" not in trained or len(trained) == len(set(trained))
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1].get("transport/bad_messages", 0) == 0  # nothing forged even reached a decoder
+
+
+def test_auth_off_off_loopback_is_refused_at_start(two_nodes, tiny_model_dir, tmp_path):
+    head, _ = two_nodes
+    job = in_ns(head, "ray", "job", "submit", f"--address=http://{HEAD_IP}:8265", "--working-dir", str(ROOT), "--",
+                "python", "-m", "launch.train", "--config", str(TINY_RECIPE.relative_to(ROOT)),
+                f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}", f"transport.host={HEAD_IP}",
+                "transport.auth=off", timeout=300, check=False)
+    assert job.returncode != 0
+    assert "transport.auth" in job.stdout + job.stderr and "allow_insecure" in job.stdout + job.stderr

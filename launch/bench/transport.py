@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import statistics
 import time
 
 import numpy as np
@@ -117,12 +118,24 @@ def zmq_weights(nbytes: int, count: int, curve: bool = False) -> float:
     return elapsed
 
 
+def paired(plain, curve, trials: int) -> tuple[float, float]:
+    """Median seconds of `plain()` and `curve()`, run alternately `trials` times each after one untimed run of
+    each (the first spawn of a process pays for imports and page faults the others do not)."""
+    plain(), curve()
+    times: dict[str, list[float]] = {"plain": [], "curve": []}
+    for _ in range(trials):
+        times["plain"].append(plain())
+        times["curve"].append(curve())
+    return statistics.median(times["plain"]), statistics.median(times["curve"])
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="launch.bench transport", description=__doc__.splitlines()[0])
     parser.add_argument("--count-64k", type=int, default=4000)
     parser.add_argument("--count-1m", type=int, default=600)
     parser.add_argument("--weights-mb", type=int, default=256)
     parser.add_argument("--weights-count", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=3, help="alternating timed runs of plain and CURVE paths")
     args = parser.parse_args(argv)
 
     from launch.ray_cluster import connect, shutdown
@@ -133,9 +146,9 @@ def main(argv: list[str]) -> int:
     for label, size, count in cases:
         traj = trajectory_of_bytes(size)
         wire = sum(len(f) for f in encode(traj))
-        times = {"zmq": zmq_trajectories(size, count, warmup=count // 10),
-                 "zmq+curve": zmq_trajectories(size, count, warmup=count // 10, curve=True),
-                 "ray": ray_put_get(traj, count, warmup=count // 10),
+        plain, curve = paired(lambda: zmq_trajectories(size, count, warmup=count // 10),
+                              lambda: zmq_trajectories(size, count, warmup=count // 10, curve=True), args.trials)
+        times = {"zmq": plain, "zmq+curve": curve, "ray": ray_put_get(traj, count, warmup=count // 10),
                  "memcpy": memcpy(wire, count)}
         for path, seconds in times.items():
             rows.append([f"trajectory {label}", path, count / seconds, wire * count / seconds / 1e9,
@@ -148,8 +161,10 @@ def main(argv: list[str]) -> int:
 
     nbytes, count = args.weights_mb * MB, args.weights_count
     arr = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
-    times = {"zmq": zmq_weights(nbytes, count), "zmq+curve": zmq_weights(nbytes, count, curve=True),
-             "ray": ray_put_get(arr, count, warmup=1), "memcpy": memcpy(nbytes, count)}
+    plain, curve = paired(lambda: zmq_weights(nbytes, count), lambda: zmq_weights(nbytes, count, curve=True),
+                          args.trials)
+    times = {"zmq": plain, "zmq+curve": curve, "ray": ray_put_get(arr, count, warmup=1),
+             "memcpy": memcpy(nbytes, count)}
     for path, seconds in times.items():
         rows.append([f"weights {args.weights_mb} MB", path, count / seconds, nbytes * count / seconds / 1e9,
                      times["ray"] / times["zmq"] if path == "zmq" else "",
@@ -161,7 +176,8 @@ def main(argv: list[str]) -> int:
 
     print(table(["payload", "path", "msgs/s", "GB/s", "zmq/ray", "zmq/memcpy"], rows))
     print("zmq: producer process -> encode -> loopback TCP -> decode + validate; weights until the receiver's ack.")
-    print("zmq+curve: the same with CURVE (per-run keys, encrypted); curve_over_plain = its throughput / plain's.")
+    print("zmq+curve: the same with CURVE (per-run keys, encrypted); curve_over_plain = its throughput / plain's;")
+    print(f"zmq and zmq+curve rows are medians of {args.trials} alternating runs each, after one untimed run.")
     print("ray: ray.get(ray.put(x)) in one process; memcpy: np.copyto of the same number of bytes.")
     emit(figures)
     return 0

@@ -1,0 +1,77 @@
+"""An outsider on the run's network, for the two-node test: `python -m tests.net_intruder RUN_DIR SECONDS OUT`.
+
+It waits for the run's `transport.json` (endpoints and public server keys, which an outsider may well know),
+then for a bounded time, about twice a second, tries what the threat model says must fail without the run's
+keys: push a forged trajectory (plain ZeroMQ, and CURVE with keys of its own), subscribe to the weights
+channel and ack a version (both ways too). It counts its attempts and every weight chunk it managed to receive,
+and writes them to OUT as JSON. It sends only to the endpoints the run advertises (addresses of the test's own
+network namespaces)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import zmq
+
+from core.codec import encode
+from core.curve import CurveClient, KeyPair
+from launch.bench.samples import make_trajectory
+
+
+def _socket(ctx: zmq.Context, endpoint: str, server_public: str | None) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.sndtimeo = 200
+    if server_public:
+        CurveClient(server_public.encode(), KeyPair.generate()).apply(sock)
+    sock.connect(endpoint)
+    return sock
+
+
+def main(run_dir: str, seconds: float, out: str) -> int:
+    record = Path(run_dir) / "transport.json"
+    deadline = time.monotonic() + seconds
+    while not record.exists():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    stats = {"trajectory_attempts": 0, "weights_attempts": 0, "chunks_received": 0, "saw_transport_json": False}
+    if record.exists():
+        stats["saw_transport_json"] = True
+        info = json.loads(record.read_text())
+        ctx = zmq.Context()
+        forged = make_trajectory(num_tokens=64, trajectory_id="g0000000-babyai_0.a0.s0")
+        forged.turn_rewards[:] = 1e5
+        frames = [bytes(f) for f in encode(forged)]
+        while time.monotonic() < deadline:
+            for public in (None, info["trajectory_server_public"]):
+                sock = _socket(ctx, info["trajectory_endpoint"], public)
+                try:
+                    sock.send_multipart(frames)
+                except zmq.Again:
+                    pass
+                stats["trajectory_attempts"] += 1
+                sock.close(0)
+            for public in (None, info["weights_server_public"]):
+                sock = _socket(ctx, info["weights_endpoint"], public)
+                for message in ([b"H", msgpack.packb({"name": "generator-0"})],
+                                [b"A", msgpack.packb({"version": 1, "ok": False, "error": "forged"})]):
+                    try:
+                        sock.send_multipart(message)
+                    except zmq.Again:
+                        pass
+                if sock.poll(300):
+                    stats["chunks_received"] += 1
+                stats["weights_attempts"] += 1
+                sock.close(0)
+            time.sleep(0.2)
+        ctx.term()
+    Path(out).write_text(json.dumps(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], float(sys.argv[2]), sys.argv[3]))
