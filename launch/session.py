@@ -10,7 +10,7 @@ from pathlib import Path
 from actors.coordinator import Coordinator, RunState
 from actors.group_buffer import GroupInfo
 from configs.schema import RootConfig
-from core.checkpoint import CheckpointStore, write_json
+from core.checkpoint import CheckpointStore, write_json, write_text_durably
 from core.horizon import HorizonSchedule
 from core.metrics import JsonlSink
 from core.rollout import EpisodeLimits
@@ -28,11 +28,22 @@ log = logging.getLogger("agentgym.session")
 
 
 def _truncate_jsonl(path: Path, max_step: int) -> None:
-    """Keep the records of steps <= max_step (a resumed run rewrites what came after its checkpoint)."""
+    """Keep the records of steps <= max_step (a resumed run rewrites what came after its checkpoint). A line
+    that does not parse (a write cut short by a crash) is dropped with a warning."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= max_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            log.warning("%s: dropping line %d, which is cut short or corrupt: %.80r", path.name, number, line)
+            continue
+        if isinstance(record, dict) and record.get("step", 0) <= max_step:
+            kept.append(line)
+    write_text_durably(path, "".join(line + "\n" for line in kept))
 
 
 def check_transport_reach(host: str) -> None:
