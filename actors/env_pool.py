@@ -31,11 +31,11 @@ from typing import Any, Callable
 from actors.episode_summary import EpisodeSummary
 from core.chat import ChatFormat
 from core.cpu_affinity import pin_to_cores
-from core.env import Env, Observation, StepResult
+from core.curve import CurveClient
+from core.env import Env, Observation, StepResult, close_or_kill
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
 from core.trajectory import Termination, Trajectory
-from core.curve import CurveClient
 from core.transport import TrajectorySender
 from environments.item_sampler import family_of
 from environments.registry import get_family, make_env
@@ -165,11 +165,16 @@ class EnvPool:
         c[f"env/{family}/replaced"] += 1
         log.warning("%s: %s env ended %s in %s; replacing it", self.name, family, traj.termination.value,
                     traj.trajectory_id)
-        try:
-            await asyncio.wait_for(env.close(), self._close_timeout_s)
-        except Exception as exc:  # a hung or broken env: abandon it, it is out of the pool already
-            c[f"env/{family}/close_failures"] += 1
-            log.warning("%s: closing a broken %s env failed: %r", self.name, family, exc)
+        await self._close(family, env)
+
+    async def _close(self, family: str, env: Env) -> None:
+        """Close an env; one whose close hangs or fails is killed (its JVM or browser with it) and counted."""
+        outcome = await close_or_kill(env, self._close_timeout_s)
+        if outcome != "closed":
+            self._counters[f"env/{family}/close_failures"] += 1
+            self._counters[f"env/{family}/killed"] += outcome == "killed"
+            log.warning("%s: a %s env did not close in %.0f s: %s", self.name, family, self._close_timeout_s,
+                        outcome)
 
     async def _send(self, traj: Trajectory) -> bool:
         if self._sender is None:
@@ -199,12 +204,9 @@ class EnvPool:
         return {"name": self.name, "incarnation": self.incarnation, "pid": os.getpid()}
 
     async def close(self) -> None:
-        for envs in self._idle.values():
+        for family, envs in self._idle.items():
             for env in envs:
-                try:
-                    await asyncio.wait_for(env.close(), self._close_timeout_s)
-                except Exception as exc:
-                    log.warning("%s: closing an env failed: %r", self.name, exc)
+                await self._close(family, env)
             envs.clear()
         if self._sender is not None:
             await asyncio.get_running_loop().run_in_executor(self._send_thread, self._sender.close)

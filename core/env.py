@@ -56,6 +56,11 @@ class Env(abc.ABC):
     async def close(self) -> None:
         return None
 
+    def kill(self) -> None:
+        """Release by force what this env holds outside this process (a JVM, a browser), from any thread and
+        without waiting for a call that hangs: the pool's last resort when `close` times out."""
+        return None
+
 
 class SyncEnv(abc.ABC):
     """A blocking environment; wrap it with `run_sync_env` to use it as an `Env`."""
@@ -69,6 +74,10 @@ class SyncEnv(abc.ABC):
     def step(self, text: str) -> StepResult: ...
 
     def close(self) -> None:
+        return None
+
+    def kill(self) -> None:
+        """As `Env.kill`; called from another thread while a call of this env may hang."""
         return None
 
 
@@ -95,6 +104,25 @@ class ThreadedEnv(Env):
         finally:
             # A hung call keeps its thread; don't wait for it, the pool replaces this env anyway.
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+    def kill(self) -> None:
+        self.inner.kill()
+
+
+async def close_or_kill(env: Env, timeout_s: float) -> str:
+    """Close `env` within `timeout_s`; past it (or when close fails) kill what it holds. Returns "closed",
+    "killed" (close timed out or failed, the kill went through) or "failed: <why>" (the kill raised too)."""
+    try:
+        await asyncio.wait_for(env.close(), timeout_s)
+        return "closed"
+    except Exception as exc:  # noqa: BLE001 - a hung or broken env; it is out of the pool either way
+        problem = f"{type(exc).__name__}: {exc}"
+    try:
+        env.kill()
+    except Exception as exc:  # noqa: BLE001
+        return f"failed: close {problem}; kill {type(exc).__name__}: {exc}"
+    return "killed"
 
 
 def run_sync_env(inner: SyncEnv) -> Env:

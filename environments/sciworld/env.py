@@ -131,3 +131,8 @@ class SciWorldEnv(SyncEnv):
         if self.sim is not None:
             self.sim.close()
             self.sim = None
+
+    def kill(self) -> None:
+        sim = self.sim
+        if sim is not None:
+            sim.kill()

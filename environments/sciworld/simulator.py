@@ -112,6 +112,13 @@ class Simulator:
             pass
         self._kill()
 
+    def kill(self) -> None:
+        """SIGKILL the JVM now, from any thread (a call on the gateway then fails at once)."""
+        self._closed = True
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
     def _kill(self) -> None:
         proc = self.process
         if proc.poll() is None:
