@@ -176,7 +176,7 @@ class Coordinator:
         pump = threading.Thread(target=self._pump, args=(loop, stop), name="trajectory-pump", daemon=True)
         pump.start()
         try:
-            if self.state.version > 0:  # a resumed run: generators start from the base weights
+            if self.state.step > 0:  # a resumed run: generators start from the base weights
                 await self._publish()
             waited_since = time.monotonic()
             self._health_at = waited_since
@@ -210,7 +210,9 @@ class Coordinator:
     async def _publish(self) -> float:
         started = time.monotonic()
         info = await asyncio.to_thread(self.learners.publish_weights)
-        acks = await asyncio.to_thread(self.learners.wait_acks, info["version"], self.ack_timeout_s)
+        acks = await self._wait_acks(info["version"])
+        if acks is None:  # a stop was requested: the version is trained and saved, published after a resume
+            return time.monotonic() - started
         # A replica skipped as stalled keeps its older weights; the staleness gate bounds what it contributes.
         stalled = {name: err for name, (ok, err) in acks.items() if not ok and err.startswith("stalled:")}
         failed = {name: err for name, (ok, err) in acks.items() if not ok and name not in stalled}
@@ -225,13 +227,28 @@ class Coordinator:
         self.state.version = info["version"]
         return time.monotonic() - started
 
+    async def _wait_acks(self, version: int, slice_s: float = 2.0) -> dict | None:
+        """Every generator's ack of `version`, waited for in short slices so that a stop request is seen within
+        seconds (and the learner is free for the final checkpoint); None when a stop came first."""
+        deadline = time.monotonic() + self.ack_timeout_s
+        while True:
+            if self.stop_requested:
+                return None
+            left = deadline - time.monotonic()
+            try:
+                return await asyncio.to_thread(self.learners.wait_acks, version, max(0.05, min(slice_s, left)))
+            except Exception as exc:  # a Ray error wrapping the publisher's TimeoutError, or that error itself
+                if "no ack from" not in str(exc) or left <= slice_s:
+                    raise
+
     async def _train(self, batch: list[GroupInfo], wait_s: float) -> None:
         trajs = [t for g in batch for t in sorted(g.samples, key=lambda t: t.sample_index)]
         metrics = rollout_metrics(trajs, version=self.state.version)
         started = time.monotonic()
         train = await asyncio.to_thread(self.learners.train_step, trajs)
         train_s = time.monotonic() - started
-        publish_s = await self._publish()
+        # On a stop request the trained step is kept (and checkpointed) without waiting to publish it.
+        publish_s = 0.0 if self.stop_requested else await self._publish()
         self.state.step += 1
         step_s = wait_s + train_s + publish_s
         metrics.update(train)

@@ -26,11 +26,15 @@ class TrainerConfig:
 @dataclass
 class CheckpointConfig:
     every_steps: int = spec(10, ge=0)
-    """Checkpoint every this many steps (0: only at the end and on SIGTERM)."""
+    """Checkpoint every this many steps (0: only at the end and on SIGTERM or SIGINT)."""
     keep_last: int = spec(2, ge=1)
     """Complete checkpoints kept; older ones are deleted."""
     resume: str = spec("")
-    """`` (start fresh), `auto` (the last complete checkpoint in output_dir, if any) or a checkpoint path."""
+    """`` (start fresh), `auto` (the newest checkpoint in output_dir that verifies, if any) or a checkpoint
+    path."""
+    stop_grace_s: float = spec(30.0, gt=0)
+    """On SIGTERM or SIGINT the run saves its state and exits within this many seconds (past it, it exits
+    without a new checkpoint; a second signal exits at once)."""
 
 
 def is_loopback(host: str) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from configs.schema import RootConfig
 from launch.ray_cluster import connect, shutdown
+from launch.stop import SignalStop
 
 log = logging.getLogger("agentgym.run")
 
@@ -29,21 +30,18 @@ def run_training(cfg: RootConfig) -> int:
     from launch.session import TrainingSession  # after Ray is up: it imports the roles
 
     session = TrainingSession(cfg, out)
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum, frame):  # checkpoint at the next safe point, then stop
-        log.warning("SIGTERM: checkpointing and stopping")
-        session.request_stop()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    stopper = SignalStop(lambda why: session.request_stop(), cfg.checkpoint.stop_grace_s).install()
     try:
         session.start()
         state = asyncio.run(session.train())
         finished = state.step >= cfg.trainer.total_steps
-        session.finish(evaluate=finished and cfg.eval.at_end)
+        session.finish(evaluate=finished and cfg.eval.at_end and stopper.signal is None)
+        if stopper.signal is not None:
+            print(f"stopped at step {state.step} by {signal.Signals(stopper.signal).name}; "
+                  "continue with checkpoint.resume=auto")
         print(f"run folder: {out}")
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
         session.close()
         shutdown()
+        stopper.restore()

@@ -39,6 +39,7 @@ def main(run_dir: str, seconds: float, out: str) -> int:
             break
         time.sleep(0.2)
     stats = {"trajectory_attempts": 0, "weights_attempts": 0, "chunks_received": 0, "saw_transport_json": False}
+    Path(out).write_text(json.dumps(stats))
     if record.exists():
         stats["saw_transport_json"] = True
         info = json.loads(record.read_text())
@@ -67,6 +68,7 @@ def main(run_dir: str, seconds: float, out: str) -> int:
                     stats["chunks_received"] += 1
                 stats["weights_attempts"] += 1
                 sock.close(0)
+            Path(out).write_text(json.dumps(stats))  # as it goes: the test ends it with SIGTERM
             time.sleep(0.2)
         ctx.term()
     Path(out).write_text(json.dumps(stats))

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import signal
 import time
 
 import pytest
 
+from core.checkpoint import CheckpointStore, verify
 from tests.training_runs import (
     expected_draws, kill_group, read_jsonl, schedule_of, start, train_command, wait_for,
 )
@@ -95,3 +98,32 @@ def test_staleness_bound_holds_under_a_slow_learner(tiny_model_dir, tmp_path, et
     assert lags.get(eta, 0) > 0, lags  # the bound was reached, so the test could have failed
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert all(m["staleness/max"] <= eta for m in metrics if "staleness/max" in m)
+
+
+def test_sigint_stops_within_the_grace_period_with_a_resumable_checkpoint(tiny_model_dir, tmp_path):
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    grace = 20
+    run = ["trainer.total_steps=40", "checkpoint.every_steps=0", "eval.at_end=false",
+           f"checkpoint.stop_grace_s={grace}"]
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = start(train_command(tiny_model_dir, out, *run), log)
+    wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= 2, 600, proc, log)
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, to the driver alone
+    code = proc.wait(timeout=grace + 60)
+    elapsed = time.monotonic() - sent
+    assert code == 0, log.read_text()[-3000:]
+    assert elapsed < grace, elapsed
+    last = max(r["step"] for r in read_jsonl(out / "trained.jsonl"))
+    store = CheckpointStore(out / "checkpoints")
+    assert store.latest_complete() == store.path_of(last) and verify(store.path_of(last)) == ""
+    assert "continue with checkpoint.resume=auto" in log.read_text()
+    assert not [f for f in set(os.listdir("/dev/shm")) - shm_before if "agentgym" in f or "generator" in f]
+
+    resumed = start(train_command(tiny_model_dir, out, *run[:-1], f"trainer.total_steps={last + 1}",
+                                  "checkpoint.resume=auto"), log)
+    assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
+    trained = read_jsonl(out / "trained.jsonl")
+    assert [r["step"] for r in trained] == list(range(1, last + 2))
+    groups = [g for r in trained for g in r["groups"]]
+    assert len(groups) == len(set(groups))

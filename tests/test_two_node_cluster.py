@@ -108,7 +108,7 @@ def test_curve_keeps_an_outsider_out_while_the_run_trains(two_nodes, tiny_model_
         job = in_ns(head, "ray", "job", "submit", f"--address=http://{HEAD_IP}:8265", "--working-dir", str(ROOT),
                     "--", "python", "-m", "launch.train", "--config", str(TINY_RECIPE.relative_to(ROOT)),
                     f"model.path={tiny_model_dir}", f"trainer.output_dir={out}", "trainer.total_steps=3",
-                    "env.num_actors=2", f"transport.host={HEAD_IP}", "eval.at_end=false",
+                    "env.num_actors=2", "transport.host=0.0.0.0", "eval.at_end=false",
                     "logging.wandb_mode=disabled", timeout=900, check=False)
     finally:
         intruder.terminate()
@@ -118,6 +118,7 @@ def test_curve_keeps_an_outsider_out_while_the_run_trains(two_nodes, tiny_model_
     assert [r["step"] for r in map(json.loads, (out / "trained.jsonl").read_text().splitlines())] == [1, 2, 3]
     transport = json.loads((out / "transport.json").read_text())
     assert transport["auth"] == "curve" and transport["trajectory_endpoint"].startswith(f"tcp://{HEAD_IP}:")
+    assert "0.0.0.0" not in transport["weights_endpoint"]
     assert report.exists(), err[-2000:]
     seen = json.loads(report.read_text())
     assert seen["saw_transport_json"] and seen["trajectory_attempts"] > 0 and seen["weights_attempts"] > 0, seen
@@ -134,7 +135,7 @@ def test_auth_off_off_loopback_is_refused_at_start(two_nodes, tiny_model_dir, tm
     head, _ = two_nodes
     job = in_ns(head, "ray", "job", "submit", f"--address=http://{HEAD_IP}:8265", "--working-dir", str(ROOT), "--",
                 "python", "-m", "launch.train", "--config", str(TINY_RECIPE.relative_to(ROOT)),
-                f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}", f"transport.host={HEAD_IP}",
+                f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}", "transport.host=0.0.0.0",
                 "transport.auth=off", timeout=300, check=False)
     assert job.returncode != 0
     assert "transport.auth" in job.stdout + job.stderr and "allow_insecure" in job.stdout + job.stderr
