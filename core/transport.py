@@ -22,6 +22,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import zmq
 
@@ -50,6 +51,16 @@ def bind_endpoint(sock: zmq.Socket, host: str = LOOPBACK, port: int = 0) -> str:
         return f"tcp://{host}:{port}"
     bound = sock.bind_to_random_port(f"tcp://{host}")
     return f"tcp://{host}:{bound}"
+
+
+def messages(sock: zmq.Socket, timeout_ms: int | None) -> Iterator[list[zmq.Frame]]:
+    """Messages from `sock` as they arrive, until `timeout_ms` passes in all (None: forever)."""
+    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+    while True:
+        wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+        if not sock.poll(wait):
+            return
+        yield sock.recv_multipart(copy=False)
 
 
 class DropLog:
@@ -124,12 +135,7 @@ class TrajectoryReceiver:
 
         Bad messages are dropped and counted on the way; they never raise here.
         """
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
-            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._sock.poll(wait):
-                return None
-            parts = self._sock.recv_multipart(copy=False)
+        for parts in messages(self._sock, timeout_ms):
             sender = peer_name(parts[-1]) or bytes(parts[0].buffer)[:64].decode("utf-8", "replace")
             size = sum(len(p.buffer) for p in parts[1:])
             if len(parts) != self._frames:
@@ -145,6 +151,7 @@ class TrajectoryReceiver:
                 continue
             self._received += 1
             return traj
+        return None
 
     def drain(self, max_items: int, timeout_ms: int = 0) -> list[Trajectory]:
         """Up to `max_items` trajectories: waits `timeout_ms` for the first, then takes what is queued."""

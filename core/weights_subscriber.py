@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 
 import msgpack
@@ -24,7 +23,7 @@ import zmq
 
 from core.curve import CurveClient
 from core.trajectory import WireError
-from core.transport import DropLog
+from core.transport import DropLog, messages
 from core.weights_channel import MAX_CONTROL_BYTES, TensorBytes, WeightSet, itemsize
 
 log = logging.getLogger("agentgym.weights")
@@ -161,12 +160,7 @@ class WeightSubscriber:
 
     def poll(self, timeout_ms: int | None = 0) -> WeightSet | None:
         """Receive chunks until a version is complete (returned) or `timeout_ms` passes (None)."""
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
-            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._sock.poll(wait):
-                return None
-            parts = self._sock.recv_multipart(copy=False)
+        for parts in messages(self._sock, timeout_ms):
             try:
                 done = self._accept([p.buffer for p in parts])
             except WireError as exc:
@@ -177,6 +171,7 @@ class WeightSubscriber:
                 continue
             if done is not None:
                 return done
+        return None
 
     @property
     def dropped(self) -> int:

@@ -41,6 +41,23 @@ def flip_bits(rng: random.Random, data: bytes, n: int) -> bytes:
     return bytes(out)
 
 
+def mangle_frames(rng: random.Random, frames: list[bytes], kind: int) -> list[bytes]:
+    """Frame-level damage: 0 bit flips, 1 truncation, 2 extension of one frame; 3 frames dropped or repeated."""
+    frames = list(frames)
+    i = rng.randrange(len(frames))
+    if kind == 0:
+        frames[i] = flip_bits(rng, frames[i], rng.randrange(1, 8))
+    elif kind == 1:
+        frames[i] = frames[i][:rng.randrange(len(frames[i]) + 1)]
+    elif kind == 2:
+        frames[i] = frames[i] + rng.randbytes(rng.randrange(1, 64))
+    elif rng.random() < 0.5:
+        frames = frames[:rng.randrange(1, len(frames))]
+    else:
+        frames = frames + [frames[-1]] * rng.randrange(1, 4)
+    return frames
+
+
 def _repack(header: dict) -> bytes:
     return msgpack.packb(header, use_bin_type=True)
 
@@ -51,17 +68,8 @@ def trajectory_frames(rng: random.Random) -> list[bytes]:
     frames = [bytes(f) for f in encode(traj)]
     header = msgpack.unpackb(frames[0], raw=False)
     kind = rng.randrange(16)
-    if kind == 0:
-        i = rng.randrange(len(frames))
-        frames[i] = flip_bits(rng, frames[i], rng.randrange(1, 8))
-    elif kind == 1:
-        i = rng.randrange(len(frames))
-        frames[i] = frames[i][:rng.randrange(len(frames[i]) + 1)]
-    elif kind == 2:
-        i = rng.randrange(len(frames))
-        frames[i] = frames[i] + rng.randbytes(rng.randrange(1, 64))
-    elif kind == 3:
-        frames = frames[:rng.randrange(1, len(frames))] if rng.random() < 0.5 else frames + [frames[-1]] * rng.randrange(1, 4)
+    if kind < 4:
+        frames = mangle_frames(rng, frames, kind)
     elif kind == 4:
         header[rng.choice(sorted(header))] = odd_value(rng)
         frames[0] = _repack(header)
@@ -135,17 +143,8 @@ def chunk_message(rng: random.Random, version: int = 1) -> list[bytes]:
     header = {"version": version, "seq": 0, "n_chunks": 1, "parts": parts}
     frames = [b"C", msgpack.packb(header), a.tobytes(), b.tobytes()]
     kind = rng.randrange(12)
-    if kind == 0:
-        i = rng.randrange(len(frames))
-        frames[i] = flip_bits(rng, frames[i], rng.randrange(1, 6))
-    elif kind == 1:
-        i = rng.randrange(len(frames))
-        frames[i] = frames[i][:rng.randrange(len(frames[i]) + 1)]
-    elif kind == 2:
-        i = rng.randrange(len(frames))
-        frames[i] = frames[i] + rng.randbytes(rng.randrange(1, 32))
-    elif kind == 3:
-        frames = frames[:rng.randrange(1, len(frames))] if rng.random() < 0.5 else frames + [b"\x00" * 8]
+    if kind < 4:
+        frames = mangle_frames(rng, frames, kind)
     elif kind == 4:
         header[rng.choice(sorted(header))] = odd_value(rng)
         frames[1] = msgpack.packb(header)
