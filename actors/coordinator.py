@@ -53,9 +53,11 @@ class Coordinator:
                  should_checkpoint: Callable[[int], bool], save: Callable[[RunState], None],
                  state: RunState | None = None, ack_timeout_s: float = 300.0,
                  on_group_started: Callable[[GroupInfo], None] | None = None,
-                 health: Callable[[], str] | None = None, health_every_s: float = 5.0):
+                 health: Callable[[], str] | None = None, health_every_s: float = 5.0,
+                 needs_republish: Callable[[], bool] | None = None):
         """`health()` names a broken role's channel ("" when all is well); it is asked every `health_every_s`
-        and a non-empty answer stops the run with that cause."""
+        and a non-empty answer stops the run with that cause; `needs_republish()` (asked after it) asks for the
+        current weights to be published again, for a generator replica that was restarted."""
         self.pools, self.learners, self.receiver = pools, learners, receiver
         self.sampler, self.gate, self.schedule = sampler, gate, schedule
         self.group_size, self.total_steps, self.max_in_flight = group_size, total_steps, max_in_flight
@@ -72,7 +74,7 @@ class Coordinator:
         self._received = 0
         self._fatal: BaseException | None = None
         self._pump_error: BaseException | None = None
-        self.health, self.health_every_s = health, health_every_s
+        self.health, self.health_every_s, self.needs_republish = health, health_every_s, needs_republish
         self._weights_channel: dict[str, float] = {}
 
     # -- admission --------------------------------------------------------------------------------------------
@@ -142,6 +144,9 @@ class Coordinator:
             problem = await asyncio.to_thread(self.health)
             if problem:
                 raise RuntimeError(f"a channel of the run failed: {problem}")
+            if self.needs_republish is not None and self.needs_republish():
+                log.warning("publishing weights version %d again for a restarted generator", self.state.version)
+                await self._publish()
 
     def _file(self, traj: Trajectory) -> None:
         self._received += 1

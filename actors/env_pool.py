@@ -195,6 +195,7 @@ class EnvPool:
     def stats(self) -> dict[str, float]:
         out = dict(self._counters)
         out["pool/in_flight"] = float(self.in_flight)
+        out["rollout/lost_episodes"] = float(getattr(self.policy, "lost", 0))  # their generator replica died
         out["pool/cpu_seconds"] = time.process_time()  # this process, all threads: load-independent cost
         for family, envs in self._idle.items():
             out[f"env/{family}/idle"] = float(len(envs))

@@ -72,9 +72,14 @@ class GeneratorStats:
 class Generator:
     def __init__(self, model_path: str, cfg: GeneratorConfig, *, dtype: str = "float32",
                  max_model_len: int = 4096, name: str = "generator-0", initial_version: int = 0,
-                 replica_index: int = 0):
-        """Start the engine (tens of seconds). `max_model_len` bounds prompt + reply of any request."""
+                 replica_index: int = 0, wait_for_weights: bool = False):
+        """Start the engine (tens of seconds). `max_model_len` bounds prompt + reply of any request.
+        `wait_for_weights`: serve nothing until a weight version has been applied (a replica restarted mid-run
+        must not sample from the base weights)."""
         self.cfg = cfg
+        self.incarnation = uuid.uuid4().hex[:12]  # changes when the process is restarted
+        self._wait_for_weights = wait_for_weights
+        self._weights_applied = asyncio.Event()
         self.name = name
         self.model_path = str(model_path)
         self.max_model_len = max_model_len
@@ -182,6 +187,12 @@ class Generator:
         sessions too, or new ones wait."""
         if self._broken:
             raise WeightUpdateError(self._broken)
+        if self._wait_for_weights and not self._weights_applied.is_set():
+            try:
+                await asyncio.wait_for(self._weights_applied.wait(), self.cfg.recovery_wait_s)
+            except asyncio.TimeoutError:
+                raise WeightUpdateError(f"{self.name} was restarted and received no weights in "
+                                        f"{self.cfg.recovery_wait_s:.0f} s") from None
         if len(request.prompt_ids) + request.max_tokens > self.max_model_len:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens + max_tokens {request.max_tokens} "
                              f"exceed the generator's max_model_len {self.max_model_len}")
@@ -368,6 +379,7 @@ class Generator:
                 self._version_set = True
                 self.version = weights.version
                 self._broken = ""
+                self._weights_applied.set()
             finally:
                 await self.engine.resume_generation()
         elapsed = time.monotonic() - started
@@ -417,13 +429,16 @@ class Generator:
             if subscriber is not None:
                 subscriber.close()
 
-    async def health(self) -> str:
-        """"" while this replica can take weight updates; otherwise what broke (the run's watchdog asks)."""
+    async def health(self) -> dict:
+        """{"incarnation", "version", "problem"}: "problem" is "" while this replica can take weight updates,
+        else what broke (the run's watchdog asks; a new incarnation tells it the process was restarted)."""
+        problem = self._broken
         if self._weights_error:
-            return self._weights_error
-        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
-            return f"{self.name}: the weights thread ended"
-        return self._broken
+            problem = self._weights_error
+        elif self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            problem = f"{self.name}: the weights thread ended"
+        return {"incarnation": self.incarnation, "version": self.version, "problem": problem,
+                "subscribed": self._thread is not None}
 
     async def shutdown(self) -> None:
         self._closing = True

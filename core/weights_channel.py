@@ -151,6 +151,8 @@ class WeightPublisher:
         for old, known in list(self.peers.items()):  # a reconnecting subscriber replaces its old connection
             if known == name and old != routing:
                 del self.peers[old]
+                for acks in self.acks.values():  # a restarted subscriber has applied nothing yet
+                    acks.pop(name, None)
         self.peers[routing] = name
 
     def _ack(self, routing: bytes, user: str, body: dict) -> None:

@@ -35,9 +35,22 @@ def actor_options(cfg: GeneratorConfig) -> dict:
         "num_cpus": cfg.num_cpus,
         "num_gpus": gpus,
         "max_concurrency": 4096,
+        "max_restarts": cfg.max_restarts,  # the driver re-subscribes a restarted replica (launch.roles)
+        "max_task_retries": 0,  # a request is not idempotent: the episode ends lost instead
         "scheduling_strategy": "SPREAD",
         "runtime_env": {"env_vars": env},
     }
+
+
+class Replica(Generator):
+    """A generator as a Ray actor: a process that Ray restarted serves nothing before it has the current
+    weights (Ray reruns the constructor with the first start's arguments)."""
+
+    def __init__(self, *args, **kwargs):
+        import ray
+
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        super().__init__(*args, wait_for_weights=restarted, **kwargs)
 
 
 def replica_names(n: int, prefix: str = "generator") -> list[str]:
@@ -52,7 +65,7 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
     `weights_curve`: each replica's CURVE credentials by name (`<name_prefix>-<i>`), when the channel has them."""
     import ray
 
-    remote_cls = ray.remote(Generator)
+    remote_cls = ray.remote(Replica)
     names = replica_names(cfg.num_replicas, name_prefix)
     handles = []
     for i in range(cfg.num_replicas):

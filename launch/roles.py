@@ -7,6 +7,7 @@ scaling is a matter of counts (`learner.num_ranks`, `generator.num_replicas`, `e
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from configs.run import is_loopback
 from configs.schema import RootConfig
 from core.curve import RunKeys
 from core.rollout import EpisodeLimits
+from launch.generator_watch import GeneratorWatch
 
 log = logging.getLogger("agentgym.roles")
 
@@ -72,6 +74,7 @@ class Roles:
     generators: list
     policy: Any
     pools: Any
+    watch: Any = None  # launch.generator_watch.GeneratorWatch
 
     @classmethod
     def start(cls, cfg: RootConfig, model_dir: Path, trajectory_endpoint: str, limits: EpisodeLimits,
@@ -94,12 +97,16 @@ class Roles:
         try:
             if resume_learner is not None:
                 learners.load_checkpoint(str(resume_learner))
+            endpoint = advertised(learners.weights_endpoint, learners.rank0_address)
+            curves = {n: keys.weights_client(n) for n in replicas} if keys else None
             generators = start_generators(
                 model_dir, cfg.generator, dtype=cfg.model.dtype, max_model_len=cfg.rollout.max_context_tokens,
-                weights_endpoint=advertised(learners.weights_endpoint, learners.rank0_address),
-                weights_curve={n: keys.weights_client(n) for n in replicas} if keys else None)
+                weights_endpoint=endpoint, weights_curve=curves)
             learners.wait_for_subscribers(len(generators), timeout_s=120)
-            policy = PolicyClient(generators)
+            watch = GeneratorWatch(generators, endpoint, [curves[n] if curves else None for n in replicas],
+                                   cfg.generator.recovery_wait_s)
+            watch.check()
+            policy = PolicyClient(generators, recovery_wait_s=cfg.generator.recovery_wait_s)
             names = pool_names(cfg.env.num_actors)
             pools = PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint,
                                    trajectory_curve={n: keys.trajectory_client(n) for n in names} if keys else None)
@@ -107,7 +114,7 @@ class Roles:
         except BaseException:
             cls._stop_parts(learners, generators, pools)
             raise
-        return cls(cfg, model_dir, learners, generators, policy, pools)
+        return cls(cfg, model_dir, learners, generators, policy, pools, watch)
 
     def placement(self) -> dict[str, list[str]]:
         """Role -> the node address of each of its actors (written to the run folder as placement.json)."""
@@ -116,8 +123,17 @@ class Roles:
         def where(actor):
             return actor.__ray_call__.remote(lambda self: ray.util.get_node_ip_address())
 
-        roles = {"EnvPool": self.pools.actors, "Generator": self.generators, "Learner": self.learners.actors}
-        return {role: ray.get([where(a) for a in actors], timeout=60) for role, actors in roles.items()}
+        return {role: ray.get([where(a) for a in actors], timeout=60) for role, actors in self._actors().items()}
+
+    def pids(self) -> dict[str, list[int]]:
+        """Role -> the process id of each of its actors (pids.json: what an operator or a fault test kills)."""
+        import ray
+
+        return {role: ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in actors], timeout=60)
+                for role, actors in self._actors().items()}
+
+    def _actors(self) -> dict[str, list]:
+        return {"EnvPool": self.pools.actors, "Generator": self.generators, "Learner": self.learners.actors}
 
     def stats(self) -> dict[str, float]:
         """Env-pool and generator counters (namespaced), for the step's metrics."""
@@ -126,6 +142,7 @@ class Roles:
         out: dict[str, float] = {}
         for key, value in self.pools.stats().items():
             out[key if "/" in key else f"env/{key}"] = float(value)
+        out["recovery/generator_restarts"] = float(self.watch.restarts)
         for i, handle in enumerate(self.generators):
             try:
                 stats = ray.get(handle.get_stats.remote(), timeout=10)
@@ -138,15 +155,12 @@ class Roles:
         return out
 
     def health(self) -> str:
-        """The first broken channel among the generators ("" when none): the coordinator's watchdog asks."""
-        import ray
+        """What broke among the generators ("" when nothing): the coordinator's watchdog asks every few seconds.
+        A replica Ray restarted is re-subscribed here (see `needs_republish`)."""
+        return self.watch.check()
 
-        try:
-            answers = ray.get([g.health.remote() for g in self.generators], timeout=30)
-        except Exception as exc:  # an unreachable replica is not a channel fault; the pools report it per episode
-            log.warning("generator health unavailable: %r", exc)
-            return ""
-        return next((a for a in answers if a), "")
+    def needs_republish(self) -> bool:
+        return self.watch.take_republish()
 
     def save_policy(self, folder: Path) -> None:
         """The current policy as a Hugging Face folder (what `launch.eval --model` and generators load)."""

@@ -100,6 +100,7 @@ class TrainingSession:
                                  resume_learner=self.resume_from / "learner" if self.resume_from else None,
                                  keys=self.keys)
         write_json(self.out / "placement.json", self.roles.placement())
+        write_json(self.out / "pids.json", self.roles.pids())
         write_json(self.out / "transport.json", self._transport_record())
         self.metrics = JsonlSink(self.out / "metrics.jsonl")
         self.wandb = run_sink(cfg, self.out, self.state.wandb_run_id)
@@ -116,7 +117,8 @@ class TrainingSession:
             max_in_flight=max(cfg.trainer.groups_per_step, -(-2 * slots // cfg.rollout.group_size)),
             on_step=self._on_step, should_checkpoint=self._should_checkpoint, save=self._save,
             state=self.state, ack_timeout_s=cfg.transport.weights_ack_timeout_s,
-            on_group_started=self._on_group_started, health=self.roles.health)
+            on_group_started=self._on_group_started, health=self.roles.health,
+            needs_republish=self.roles.needs_republish)
         if self._stop:
             self.coordinator.stop_requested = True
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 import signal
 import time
@@ -127,3 +128,23 @@ def test_sigint_stops_within_the_grace_period_with_a_resumable_checkpoint(tiny_m
     assert [r["step"] for r in trained] == list(range(1, last + 2))
     groups = [g for r in trained for g in r["groups"]]
     assert len(groups) == len(set(groups))
+
+
+def test_a_killed_generator_replica_is_restarted_and_the_run_finishes(tiny_model_dir, tmp_path):
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    run = ["trainer.total_steps=5", "checkpoint.every_steps=0", "eval.at_end=false", "generator.max_restarts=2"]
+    proc = start(train_command(tiny_model_dir, out, *run), log)
+    wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= 2, 600, proc, log)
+    generator_pid = json.loads((out / "pids.json").read_text())["Generator"][0]
+    os.kill(generator_pid, signal.SIGKILL)
+    assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    assert "was restarted; subscribing it to the weights again" in text
+    assert "publishing weights version" in text
+    trained = read_jsonl(out / "trained.jsonl")
+    assert [r["step"] for r in trained] == [1, 2, 3, 4, 5]
+    trajectories = [t for r in trained for t in r["trajectories"]]
+    assert len(trajectories) == len(set(trajectories))
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert metrics[-1]["recovery/generator_restarts"] >= 1
+    assert text.count("generator replica 0 is down") <= 3  # once per failure and client, not per episode

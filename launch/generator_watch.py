@@ -1,0 +1,61 @@
+"""The driver's watch over the generator replicas: a replica Ray restarted is subscribed to the weights channel
+again and the current weights are published to it before it serves (it waits for them: launch.generators).
+
+What must hold: a restart is noticed within one health check (`check`, which the coordinator's watchdog calls
+every few seconds) and counted in `recovery/generator_restarts`; a replica that is down is logged once, not per
+check; the run stops, naming why, only when every replica has been down for `recovery_wait_s`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+log = logging.getLogger("agentgym.generators")
+
+
+class GeneratorWatch:
+    def __init__(self, handles: Sequence[Any], weights_endpoint: str, curves: Sequence[Any],
+                 recovery_wait_s: float):
+        self.handles, self.weights_endpoint, self.curves = list(handles), weights_endpoint, list(curves)
+        self.recovery_wait_s = recovery_wait_s
+        self.incarnations: list[str | None] = [None] * len(self.handles)
+        self.down_since: dict[int, float] = {}
+        self.restarts = 0
+        self._republish = False
+
+    def check(self, timeout_s: float = 5.0) -> str:
+        """"" while the replicas can serve (or some are coming back); else what broke."""
+        for i, handle in enumerate(self.handles):
+            try:
+                info = ray.get(handle.health.remote(), timeout=timeout_s)
+            except (RayActorError, GetTimeoutError) as exc:
+                if i not in self.down_since:
+                    log.warning("generator replica %d is down (%s); Ray restarts it (generator.max_restarts)",
+                                i, type(exc).__name__)
+                    self.down_since[i] = time.monotonic()
+                continue
+            if self.incarnations[i] is not None and info["incarnation"] != self.incarnations[i]:
+                self.restarts += 1
+                log.warning("generator replica %d was restarted; subscribing it to the weights again", i)
+                ray.get(handle.subscribe_weights.remote(self.weights_endpoint, self.curves[i]), timeout=120)
+                self._republish = True
+            self.incarnations[i] = info["incarnation"]
+            if self.down_since.pop(i, None) is not None:
+                log.warning("generator replica %d is back", i)
+            if info["problem"]:
+                return info["problem"]
+        if len(self.down_since) == len(self.handles):
+            down_for = time.monotonic() - max(self.down_since.values())
+            if down_for > self.recovery_wait_s:
+                return (f"every generator replica has been down for {down_for:.0f} s "
+                        f"(generator.recovery_wait_s = {self.recovery_wait_s:.0f})")
+        return ""
+
+    def take_republish(self) -> bool:
+        """Whether a restarted replica needs the current weights (asked once per restart)."""
+        wanted, self._republish = self._republish, False
+        return wanted
