@@ -217,6 +217,7 @@ class Coordinator:
         info = await asyncio.to_thread(self.learners.publish_weights)
         acks = await self._wait_acks(info["version"])
         if acks is None:  # a stop was requested: the version is trained and saved, published after a resume
+            self.state.version = info["version"]
             return time.monotonic() - started
         # A replica skipped as stalled keeps its older weights; the staleness gate bounds what it contributes.
         stalled = {name: err for name, (ok, err) in acks.items() if not ok and err.startswith("stalled:")}
@@ -252,8 +253,12 @@ class Coordinator:
         started = time.monotonic()
         train = await asyncio.to_thread(self.learners.train_step, trajs)
         train_s = time.monotonic() - started
-        # On a stop request the trained step is kept (and checkpointed) without waiting to publish it.
-        publish_s = 0.0 if self.stop_requested else await self._publish()
+        # On a stop request the trained step is kept (and checkpointed) without waiting to publish it: the
+        # learner holds the next version, which the generators receive after the resume.
+        if self.stop_requested:
+            publish_s, self.state.version = 0.0, self.state.version + 1
+        else:
+            publish_s = await self._publish()
         self.state.step += 1
         step_s = wait_s + train_s + publish_s
         metrics.update(train)

@@ -19,6 +19,10 @@ class TrainerConfig:
     """Seed of the item sampler and everything the coordinator draws."""
     output_dir: str = spec("outputs/run")
     """Where checkpoints, logs, the plot and the eval report go."""
+    max_failures: int = spec(3, ge=0)
+    """Times a failed run (a learner rank died, every generator replica is gone, a channel broke) rebuilds its
+    roles inside the job and continues from the last complete checkpoint; past that it stops, naming each
+    cause. 0: stop at the first failure."""
     eval_every: int = spec(0, ge=0)
     """Evaluate every this many steps (0: only at the end, if eval.at_end)."""
 

@@ -29,9 +29,14 @@ class GeneratorWatch:
 
     def check(self, timeout_s: float = 5.0) -> str:
         """"" while the replicas can serve (or some are coming back); else what broke."""
-        for i, handle in enumerate(self.handles):
+        refs = [h.health.remote() for h in self.handles]  # asked all at once: one timeout for every replica
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        answered = set(ready)
+        for i, (handle, ref) in enumerate(zip(self.handles, refs)):
             try:
-                info = ray.get(handle.health.remote(), timeout=timeout_s)
+                if ref not in answered:
+                    raise GetTimeoutError(f"no answer in {timeout_s:.0f} s")
+                info = ray.get(ref)
             except (RayActorError, GetTimeoutError) as exc:
                 if i not in self.down_since:
                     log.warning("generator replica %d is down (%s); Ray restarts it (generator.max_restarts)",

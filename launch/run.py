@@ -9,6 +9,7 @@ the eval report.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -22,6 +23,9 @@ log = logging.getLogger("agentgym.run")
 
 
 def run_training(cfg: RootConfig) -> int:
+    """Train; when the run fails (a learner rank died, every generator is gone, a channel broke), rebuild every
+    role and continue from the last complete checkpoint, at most `trainer.max_failures` times, then stop
+    naming every cause. The lineage log keeps each group trained at most once across the attempts."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     out = Path(cfg.trainer.output_dir).resolve()
@@ -29,19 +33,40 @@ def run_training(cfg: RootConfig) -> int:
     connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace)
     from launch.session import TrainingSession  # after Ray is up: it imports the roles
 
-    session = TrainingSession(cfg, out)
-    stopper = SignalStop(lambda why: session.request_stop(), cfg.checkpoint.stop_grace_s).install()
+    current: list = []  # the session of the attempt in progress, for the signal handler
+    stopper = SignalStop(lambda why: current and current[-1].request_stop(), cfg.checkpoint.stop_grace_s).install()
+    failures: list[str] = []
     try:
-        session.start()
-        state = asyncio.run(session.train())
-        finished = state.step >= cfg.trainer.total_steps
-        session.finish(evaluate=finished and cfg.eval.at_end and stopper.signal is None)
-        if stopper.signal is not None:
-            print(f"stopped at step {state.step} by {signal.Signals(stopper.signal).name}; "
-                  "continue with checkpoint.resume=auto")
-        print(f"run folder: {out}")
-        return 0
+        while True:
+            session = TrainingSession(cfg, out, failures)
+            current.append(session)
+            if stopper.signal is not None:
+                session.request_stop()
+            try:
+                session.start()
+                state = asyncio.run(session.train())
+            except Exception as exc:
+                if stopper.signal is not None or len(failures) >= cfg.trainer.max_failures:
+                    if failures:
+                        log.error("the run failed %d times; causes: %s", len(failures) + 1, failures)
+                    raise
+                failures.append(f"{type(exc).__name__}: {str(exc)[:400]}")
+                log.error("the run failed (%s); rebuilding its roles and continuing from the last complete "
+                          "checkpoint (failure %d of trainer.max_failures = %d)", failures[-1], len(failures),
+                          cfg.trainer.max_failures)
+                session.close()
+                current.pop()
+                cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume="auto"))
+                continue
+            finished = state.step >= cfg.trainer.total_steps
+            session.finish(evaluate=finished and cfg.eval.at_end and stopper.signal is None)
+            if stopper.signal is not None:
+                print(f"stopped at step {state.step} by {signal.Signals(stopper.signal).name}; "
+                      "continue with checkpoint.resume=auto")
+            print(f"run folder: {out}")
+            return 0
     finally:
-        session.close()
+        for session in current:
+            session.close()
         shutdown()
         stopper.restore()

@@ -11,12 +11,12 @@ from actors.coordinator import Coordinator, RunState
 from actors.group_buffer import GroupInfo
 from configs.schema import RootConfig
 from core.checkpoint import CheckpointStore, write_json, write_text_durably
+from core.codec import WireLimits
 from core.horizon import HorizonSchedule
 from core.metrics import JsonlSink
+from core.models import resolve_model, vocab_size
 from core.rollout import EpisodeLimits
 from core.staleness import StalenessGate
-from core.codec import WireLimits
-from core.models import resolve_model, vocab_size
 from core.transport import TrajectoryReceiver
 from environments.item_sampler import mix_sampler
 from launch.progress import Progress
@@ -58,7 +58,10 @@ def check_transport_reach(host: str) -> None:
 
 
 class TrainingSession:
-    def __init__(self, cfg: RootConfig, out: Path):
+    def __init__(self, cfg: RootConfig, out: Path, failures: list[str] | None = None):
+        """`failures`: the causes of the earlier attempts of this run inside this job (launch.run rebuilds the
+        roles after a failure and continues from the last complete checkpoint)."""
+        self.failures = list(failures or [])
         self.cfg, self.out = cfg, out
         self.store = CheckpointStore(out / "checkpoints", cfg.checkpoint.keep_last)
         self.resume_from = self.store.resolve(cfg.checkpoint.resume)
@@ -157,6 +160,10 @@ class TrainingSession:
                           model_name=f"{self.cfg.model.path} after {self.state.step} steps ({self.out.name})")
 
     def close(self) -> None:
+        """Stop every role and close every file (once; a second call does nothing)."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         for f in ("trained_log", "groups_log"):
             if hasattr(self, f):
                 getattr(self, f).close()
@@ -180,6 +187,7 @@ class TrainingSession:
 
     def _on_step(self, step: int, metrics: dict[str, float], batch: list[GroupInfo]) -> None:
         metrics["rollout/horizon_in_force"] = float(self.schedule.horizon_at(step))
+        metrics["recovery/failures"] = float(len(self.failures))
         metrics["rollout/horizon_stage"] = float(self.schedule.stage_at(step))
         if step % self.cfg.logging.log_every == 0 or step == self.cfg.trainer.total_steps:
             metrics.update(self.roles.stats())

@@ -9,6 +9,7 @@ import asyncio
 import collections
 import json
 import os
+import re
 import signal
 import time
 
@@ -148,3 +149,24 @@ def test_a_killed_generator_replica_is_restarted_and_the_run_finishes(tiny_model
     metrics = read_jsonl(out / "metrics.jsonl")
     assert metrics[-1]["recovery/generator_restarts"] >= 1
     assert text.count("generator replica 0 is down") <= 3  # once per failure and client, not per episode
+
+
+def test_a_killed_learner_rank_is_rebuilt_in_the_job_from_the_last_checkpoint(tiny_model_dir, tmp_path):
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    run = ["trainer.total_steps=5", "checkpoint.every_steps=2", "eval.at_end=false", "trainer.max_failures=2"]
+    proc = start(train_command(tiny_model_dir, out, *run), log)
+    wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= 3, 600, proc, log)
+    os.kill(json.loads((out / "pids.json").read_text())["Learner"][0], signal.SIGKILL)
+    assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    assert "rebuilding its roles and continuing from the last complete checkpoint" in text
+    resumed = re.findall(r"step_(\d{8}) at step (\d+)", text)
+    assert resumed and int(resumed[-1][1]) in (2, 4), resumed  # from the last checkpoint before the kill
+    trained = read_jsonl(out / "trained.jsonl")
+    assert [r["step"] for r in trained] == [1, 2, 3, 4, 5]  # each step trained once in the lineage
+    groups = [g for r in trained for g in r["groups"]]
+    assert len(groups) == len(set(groups))
+    schedule = schedule_of(run)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert all(m["rollout/horizon_stage"] == schedule.stage_at(m["step"]) for m in metrics)
+    assert metrics[-1]["recovery/failures"] == 1

