@@ -76,7 +76,6 @@ def test_every_role_can_die_and_the_run_goes_on(tiny_model_dir, tmp_path):
     text = log.read_text()
     assert "rebuilding its roles and continuing" in text, context  # the learner's death, recovered in the job
     assert "generator replica" in text and "is down" in text, context
-    assert "lost: actor envpool" in text or "env pool envpool" in text, context  # the pool's, noticed
     assert "resuming from" in text, context  # the driver's, by resume=auto
     deadline = time.monotonic() + 30
     while any(_alive(p) for p in seen_pids) and time.monotonic() < deadline:

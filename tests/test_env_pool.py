@@ -241,7 +241,9 @@ def test_killed_actor_is_survived_and_its_episodes_reported_lost(ray_local, tiny
         assert ray.get(supervisor.actors[0].info.remote())["pid"] != old_pid
         stats = supervisor.stats()
         assert stats["pool/lost"] == len(lost) and stats["pool/actor_restarts"] == 1
-        assert stats["env/babyai/episodes"] >= 6 + 10 - len(lost) - 3  # the dead incarnation's counts are gone
+        # The dead incarnation's counts are gone; the live ones' remain (how many episodes the killed process had
+        # finished before the kill depends on the machine's load, so it is not bounded here).
+        assert stats["env/babyai/episodes"] >= len([s for s in first if s.actor == "kill-test-1"]) + len(second)
         arrived = {t.trajectory_id for t in receiver.drain(64, timeout_ms=5000)}
         assert not arrived & lost and arrived >= {s.trajectory_id for s in second}
     finally:
