@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import msgpack
-import numpy as np
 import zmq
 
 from core.curve import CurveServer, peer_name, release_handler, serve_curve
