@@ -14,25 +14,13 @@ import time
 
 import pytest
 
-from tests.training_runs import kill_group, read_jsonl, schedule_of, start, train_command, wait_for
+from tests.training_runs import alive, kill_group, read_jsonl, schedule_of, start, train_command, wait_for
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("AGENTGYM_CHAOS_SEED", "7"))
 STEPS = 8
 RUN = [f"trainer.total_steps={STEPS}", "checkpoint.every_steps=2", "eval.at_end=false",
        "trainer.max_failures=3", "generator.max_restarts=3", "env.max_actor_restarts=3"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for this purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"
-    except OSError:
-        return False
 
 
 def test_every_role_can_die_and_the_run_goes_on(tiny_model_dir, tmp_path):
@@ -78,7 +66,7 @@ def test_every_role_can_die_and_the_run_goes_on(tiny_model_dir, tmp_path):
     assert "generator replica" in text and "is down" in text, context
     assert "resuming from" in text, context  # the driver's, by resume=auto
     deadline = time.monotonic() + 30
-    while any(_alive(p) for p in seen_pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in seen_pids) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not [p for p in seen_pids if _alive(p)], context  # no actor process of the run outlives it
+    assert not [p for p in seen_pids if alive(p)], context  # no actor process of the run outlives it
     assert not [f for f in set(os.listdir("/dev/shm")) - shm_before if "agentgym" in f or "generator" in f]

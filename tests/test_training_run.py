@@ -17,7 +17,7 @@ import pytest
 
 from core.checkpoint import CheckpointStore, verify
 from tests.training_runs import (
-    expected_draws, kill_group, read_jsonl, schedule_of, start, train_command, wait_for,
+    alive, expected_draws, kill_group, read_jsonl, schedule_of, start, train_command, wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -102,33 +102,60 @@ def test_staleness_bound_holds_under_a_slow_learner(tiny_model_dir, tmp_path, et
     assert all(m["staleness/max"] <= eta for m in metrics if "staleness/max" in m)
 
 
-def test_sigint_stops_within_the_grace_period_with_a_resumable_checkpoint(tiny_model_dir, tmp_path):
-    out, log = tmp_path / "run", tmp_path / "train.log"
-    grace = 20
-    run = ["trainer.total_steps=40", "checkpoint.every_steps=0", "eval.at_end=false",
-           f"checkpoint.stop_grace_s={grace}"]
-    shm_before = set(os.listdir("/dev/shm"))
-    proc = start(train_command(tiny_model_dir, out, *run), log)
-    wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= 2, 600, proc, log)
-    sent = time.monotonic()
-    os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, to the driver alone
-    code = proc.wait(timeout=grace + 60)
-    elapsed = time.monotonic() - sent
-    assert code == 0, log.read_text()[-3000:]
-    assert elapsed < grace, elapsed
-    last = max(r["step"] for r in read_jsonl(out / "trained.jsonl"))
-    store = CheckpointStore(out / "checkpoints")
-    assert store.latest_complete() == store.path_of(last) and verify(store.path_of(last)) == ""
-    assert "continue with checkpoint.resume=auto" in log.read_text()
-    assert not [f for f in set(os.listdir("/dev/shm")) - shm_before if "agentgym" in f or "generator" in f]
+def _paused(model_dir, out, pause_s: float, *overrides: str) -> list[str]:
+    """The job with every learner step `pause_s` longer (tests/slow_step_run.py), so a signal can land in one."""
+    cmd = train_command(model_dir, out, *overrides)
+    return [cmd[0], "-m", "tests.slow_step_run", str(pause_s), *cmd[3:]]
 
-    resumed = start(train_command(tiny_model_dir, out, *run[:-1], f"trainer.total_steps={last + 1}",
-                                  "checkpoint.resume=auto"), log)
+
+def _signal_in_step(proc, out, log, step: int) -> float:
+    """SIGINT (Ctrl-C, to the driver alone) once learner step `step` has begun; the time it was sent."""
+    wait_for(lambda: any(r["step"] == step for r in read_jsonl(out / "learner_steps.jsonl")), 600, proc, log)
+    os.kill(proc.pid, signal.SIGINT)
+    return time.monotonic()
+
+
+def test_sigint_during_a_learner_step_stops_within_the_grace_period_with_a_resumable_checkpoint(
+        tiny_model_dir, tmp_path):
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    run = ["trainer.total_steps=40", "checkpoint.every_steps=1", "eval.at_end=false"]
+    shm_before = set(os.listdir("/dev/shm"))
+    store = CheckpointStore(out / "checkpoints")
+
+    # A step that can finish within the grace period is finished, saved, and the run exits 0.
+    grace = 25
+    proc = start(_paused(tiny_model_dir, out, 3, *run, f"checkpoint.stop_grace_s={grace}"), log)
+    sent = _signal_in_step(proc, out, log, 3)
+    assert proc.wait(timeout=grace + 60) == 0, log.read_text()[-3000:]
+    assert time.monotonic() - sent < grace
+    assert [r["step"] for r in read_jsonl(out / "trained.jsonl")] == [1, 2, 3]
+    assert store.latest_complete() == store.path_of(3) and verify(store.path_of(3)) == ""
+    assert "continue with checkpoint.resume=auto" in log.read_text()
+
+    # A step that cannot is abandoned: the process exits at the grace period, and the last complete
+    # checkpoint (step 3) is what a resume continues from.
+    grace = 8
+    proc = start(_paused(tiny_model_dir, out, 600, *run, f"checkpoint.stop_grace_s={grace}",
+                         "checkpoint.resume=auto"), log)
+    sent = _signal_in_step(proc, out, log, 4)
+    code = proc.wait(timeout=grace + 60)
+    assert time.monotonic() - sent < grace + 5 and code == 128 + signal.SIGINT, (code, log.read_text()[-3000:])
+    assert "did not stop within checkpoint.stop_grace_s" in log.read_text()
+    assert [r["step"] for r in read_jsonl(out / "trained.jsonl")] == [1, 2, 3]
+    assert store.latest_complete() == store.path_of(3) and verify(store.path_of(3)) == ""
+    pids = json.loads((out / "pids.json").read_text())
+    deadline = time.monotonic() + 30  # Ray's reaper ends the actors of a driver that exited
+    while any(alive(p) for ps in pids.values() for p in ps) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not [p for ps in pids.values() for p in ps if alive(p)]
+
+    resumed = start(train_command(tiny_model_dir, out, *run, "trainer.total_steps=4", "checkpoint.resume=auto"), log)
     assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
     trained = read_jsonl(out / "trained.jsonl")
-    assert [r["step"] for r in trained] == list(range(1, last + 2))
+    assert [r["step"] for r in trained] == [1, 2, 3, 4]
     groups = [g for r in trained for g in r["groups"]]
     assert len(groups) == len(set(groups))
+    assert not [f for f in set(os.listdir("/dev/shm")) - shm_before if "agentgym" in f or "generator" in f]
 
 
 def test_a_killed_generator_replica_is_restarted_and_the_run_finishes(tiny_model_dir, tmp_path):

@@ -61,3 +61,16 @@ def expected_draws(overrides: list[str], count: int) -> list[str]:
 
 def schedule_of(overrides: list[str]) -> HorizonSchedule:
     return HorizonSchedule.from_config(load_config(TINY_RECIPE, overrides).algorithm)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for this purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
