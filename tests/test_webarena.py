@@ -289,6 +289,17 @@ def test_a_crashed_browser_is_replaced_and_counted(run, site):
         run(fresh.close())
 
 
+def test_kill_ends_the_browser_of_an_env_whose_close_hangs(run, site):
+    env = WebArenaEnv(site.cfg)
+    run(env.reset("webarena_812"))
+    pid = env.host.browser_pid()
+    assert pid is not None and psutil.pid_exists(pid)
+    env.kill()  # what the pool does when close times out; from another thread than the env's loop
+    psutil.Process(pid).wait(10) if psutil.pid_exists(pid) else None
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    run(env.close())  # closing what is left of it still works
+
+
 def test_family_through_the_registry(run, site):
     family = get_family("webarena")
     assert family.extras["max_instances_per_actor"](site.cfg) == 4

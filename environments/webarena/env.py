@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from pathlib import Path
 
 from configs.env import WebArenaConfig
@@ -242,3 +244,11 @@ class WebArenaEnv(Env):
         if self.host is not None:
             host, self.host = self.host, None
             await host.release()
+
+    def kill(self) -> None:
+        """A close that hangs means the worker's browser stopped answering: kill its process. The other envs on it
+        fail their next call and are replaced by the pool, and the next context starts a fresh browser (counted in
+        `browser_restarts`), as after a crash."""
+        pid = self.host.browser_pid() if self.host is not None else None
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
