@@ -71,6 +71,30 @@ def test_grpo_groups_are_separate():
     assert [float(a[2]) for a in out] == [0.5, -0.5, 1.0, -1.0]
 
 
+def test_grpo_std_is_taken_per_group():
+    # Same centred rewards, different spreads: a batch-wide std would give both groups one scale.
+    rewards = {"narrow": [1.0, 0.0, 0.0, 1.0], "wide": [10.0, 0.0, 0.0, 10.0], "mixed": [3.0, 1.0, 2.0]}
+    trajs = [sparse(r, group=g, tid=f"{g}{i}") for g, rs in rewards.items() for i, r in enumerate(rs)]
+    out = adv.grpo(trajs, norm_by_std=True)
+    for traj, a in zip(trajs, out):
+        group = np.array(rewards[traj.group_id])
+        expected = (traj.turn_rewards[-1] - group.mean()) / (group.std(ddof=1) + adv.EPS)
+        np.testing.assert_allclose(a[SAMPLED], expected, rtol=1e-5)
+    # The two groups with the same pattern get the same advantages although their rewards differ tenfold.
+    np.testing.assert_allclose(out[0], out[4], rtol=1e-5)
+    assert abs(float(out[0][2])) > 0.5
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_a_group_whose_rewards_are_all_equal_gets_zero_advantage(norm_by_std):
+    trajs = [sparse(0.7, group="same", tid=f"s{i}") for i in range(4)] + [
+        sparse(r, group="other", tid=f"o{i}") for i, r in enumerate([1.0, 0.0])]
+    out = adv.grpo(trajs, norm_by_std=norm_by_std)
+    for a in out[:4]:
+        assert np.all(a == 0.0) and np.all(np.isfinite(a))  # no 0/0: the eps keeps the std division finite
+    assert all(np.any(a[SAMPLED] != 0) for a in out[4:])
+
+
 def test_group_estimators_refuse_a_group_of_one():
     with pytest.raises(ValueError, match="group 'solo' has 1 sample"):
         adv.grpo([sparse(1.0, group="solo")])
