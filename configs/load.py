@@ -104,6 +104,31 @@ def validate(obj: Any, prefix: str = "") -> None:
             raise ConfigError(f"{prefix}{sub}", expected)
 
 
+def gpu_settings(cfg: RootConfig) -> list[str]:
+    """The `key=value` settings that put this run's generator or learner on GPUs (empty: a CPU run)."""
+    g, learner = cfg.generator, cfg.learner
+    settings = []
+    if g.device == "cuda":
+        settings.append(f"generator.device={g.device}")
+    if g.num_gpus > 0:
+        settings.append(f"generator.num_gpus={g.num_gpus:g}")
+    if learner.num_gpus_per_rank > 0:
+        settings.append(f"learner.num_gpus_per_rank={learner.num_gpus_per_rank:g}")
+    return settings
+
+
+def config_warnings(cfg: RootConfig) -> list[tuple[str, str]]:
+    """(dotted key, why) for settings that load and run but are almost surely not meant. Loading never fails
+    on them; the entry points log each one at start."""
+    warnings = []
+    on_gpus = gpu_settings(cfg)
+    if on_gpus and cfg.model.dtype == "float32":
+        warnings.append(("model.dtype", f"float32 on GPUs ({', '.join(on_gpus)}) takes twice the memory of "
+                                        "bfloat16 for weights, KV cache and activations, and runs without bf16 "
+                                        "tensor cores; set model.dtype=bfloat16 (float32 is meant for CPU runs)"))
+    return warnings
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RootConfig:
     """Defaults, then the recipe at `path` (the default recipe when None), then the overrides."""
     cfg = OmegaConf.structured(RootConfig)

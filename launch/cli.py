@@ -1,16 +1,20 @@
 """Command-line handling shared by the entry points: --config, --print-config, --explain and overrides.
 
-Config problems exit with code 2 and one line naming the key, before torch, Ray or vLLM is imported.
+Config problems exit with code 2 and one line naming the key, before torch, Ray or vLLM is imported. Settings
+that load but are almost surely not meant (configs.load.config_warnings) are logged as warnings, naming the key.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Sequence
 
 from configs.fields import ConfigError
-from configs.load import explain, load_config, to_yaml
+from configs.load import config_warnings, explain, load_config, to_yaml
 from configs.schema import RootConfig
+
+log = logging.getLogger("agentgym.config")
 
 
 def parse(argv: Sequence[str] | None, prog: str, description: str) -> tuple[RootConfig, argparse.Namespace]:
@@ -29,6 +33,8 @@ def parse(argv: Sequence[str] | None, prog: str, description: str) -> tuple[Root
     except ConfigError as exc:
         print(f"{prog}: config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    for key, why in config_warnings(cfg):
+        log.warning("%s: config warning: %s: %s", prog, key, why)
     if args.print_config:
         print(to_yaml(cfg), end="")
         raise SystemExit(0)
