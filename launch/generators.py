@@ -10,28 +10,36 @@ are spread over nodes where Ray can. An async actor with a high `max_concurrency
 wait inside the engine at once: that is what continuous batching needs.
 
 Env of each actor: the repository root on PYTHONPATH (vLLM's engine process imports
-`actors.vllm_weights` for the weight loader) and OMP_NUM_THREADS matching its CPUs (Ray sets 1 otherwise).
+`actors.vllm_weights` for the weight loader), OMP_NUM_THREADS matching its CPUs (Ray sets 1 otherwise), and
+no visible GPU when it asks Ray for none (launch.placement), so a cpu replica on a CUDA install stays on CPU.
+
+Seeds: replica i samples with `generator.seed + i` (`replica_launches`); with one seed, fresh replicas would
+draw the same samples for the same prompt, and a GRPO group spread over them would collapse to one answer.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from actors.generator import Generator
 from configs.generation import GeneratorConfig
 from core.curve import CurveClient
+from launch.placement import isolate_gpus, visibility_problem
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def actor_options(cfg: GeneratorConfig) -> dict:
+    """Ray options of one replica (what `launch.roles.resource_request` counts)."""
     gpus = cfg.num_gpus
     if cfg.device == "cuda":
         gpus = max(gpus, float(cfg.tensor_parallel_size))
     threads = max(1, math.floor(cfg.num_cpus)) if cfg.num_cpus else 1
     env = {"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    return {
+    return isolate_gpus({
         "num_cpus": cfg.num_cpus,
         "num_gpus": gpus,
         "max_concurrency": 4096,
@@ -39,18 +47,38 @@ def actor_options(cfg: GeneratorConfig) -> dict:
         "max_task_retries": 0,  # a request is not idempotent: the episode ends lost instead
         "scheduling_strategy": "SPREAD",
         "runtime_env": {"env_vars": env},
-    }
+    })
+
+
+@dataclass(frozen=True)
+class ReplicaLaunch:
+    """How one replica is started: its name, index, Ray options and its own config section."""
+
+    name: str
+    index: int
+    options: dict
+    cfg: GeneratorConfig  # the section with this replica's seed (generator.seed + index)
+
+
+def replica_launches(cfg: GeneratorConfig, name_prefix: str = "generator") -> list[ReplicaLaunch]:
+    """One entry per replica of `cfg.num_replicas`; replica i samples with seed `cfg.seed + i`."""
+    options = actor_options(cfg)
+    return [ReplicaLaunch(name, i, dict(options), dataclasses.replace(cfg, seed=cfg.seed + i))
+            for i, name in enumerate(replica_names(cfg.num_replicas, name_prefix))]
 
 
 class Replica(Generator):
     """A generator as a Ray actor: a process that Ray restarted serves nothing before it has the current
     weights (Ray reruns the constructor with the first start's arguments)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, model_path: str, cfg: GeneratorConfig, **kwargs):
         import ray
 
+        problem = visibility_problem(actor_options(cfg)["num_gpus"])
+        if problem:  # before the engine picks a device
+            raise RuntimeError(f"generator replica: {problem}")
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        super().__init__(*args, wait_for_weights=restarted, **kwargs)
+        super().__init__(model_path, cfg, wait_for_weights=restarted, **kwargs)
 
 
 def replica_names(n: int, prefix: str = "generator") -> list[str]:
@@ -66,12 +94,11 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
     import ray
 
     remote_cls = ray.remote(Replica)
-    names = replica_names(cfg.num_replicas, name_prefix)
-    handles = []
-    for i in range(cfg.num_replicas):
-        handles.append(remote_cls.options(**actor_options(cfg)).remote(
-            str(model_dir), cfg, dtype=dtype, max_model_len=max_model_len, name=names[i],
-            initial_version=initial_version, replica_index=i))
+    launches = replica_launches(cfg, name_prefix)
+    names = [r.name for r in launches]
+    handles = [remote_cls.options(**r.options).remote(
+        str(model_dir), r.cfg, dtype=dtype, max_model_len=max_model_len, name=r.name,
+        initial_version=initial_version, replica_index=r.index) for r in launches]
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
     if weights_endpoint:
         curves = [weights_curve[n] if weights_curve else None for n in names]

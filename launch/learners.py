@@ -2,7 +2,9 @@
 
 What must hold:
 - One actor per data-parallel rank, each holding the CPU/GPU resources of `learner.num_*_per_rank`, packed
-  onto as few nodes as possible by a placement group.
+  onto as few nodes as possible by a placement group (docs/placement.md). A rank without GPUs sees none; a
+  rank with GPUs sees only Ray's and trains on the first (cuda:0); ranks that see otherwise are refused before
+  set-up (launch.placement).
 - The ranks rendezvous at 127.0.0.1 when they share a node, else at rank 0's node address; rank 0 picks the
   port. Every call goes to every rank at once (the ranks run collectives), and a failure on any rank raises
   here at once instead of leaving the others waiting in a collective.
@@ -34,6 +36,7 @@ from core.batching import TrainSample, shard  # noqa: E402
 from core.curve import CurveServer  # noqa: E402
 from core.trajectory import Trajectory  # noqa: E402
 from core.weights_channel import TensorBytes  # noqa: E402
+from launch.placement import learner_bundle, learner_rank_options, visibility_problem  # noqa: E402
 
 log = logging.getLogger("agentgym.learners")
 LOOPBACK = "127.0.0.1"
@@ -51,6 +54,15 @@ def prepare_samples(trajectories: Sequence[Trajectory], algorithm: AlgorithmConf
 def _node_of(actor) -> tuple[str, str]:
     return ray.get(actor.__ray_call__.remote(
         lambda self: (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())))
+
+
+def _check_visibility(actors: list, gpus_per_rank: float) -> None:
+    """Refuse to set up ranks that would see other GPUs than Ray gave them (before any picks a device)."""
+    problems = ray.get([a.__ray_call__.remote(lambda self: visibility_problem(gpus_per_rank))
+                        for a in actors])
+    bad = [f"rank {rank}: {p}" for rank, p in enumerate(problems) if p]
+    if bad:
+        raise RuntimeError("learner ranks see the wrong GPUs: " + "; ".join(bad))
 
 
 def _all(refs: list) -> list:
@@ -73,19 +85,18 @@ class LearnerGroup:
         keys and the subscribers it admits; `weights_subscribers`: the names it accepts without CURVE."""
         self.learner_cfg, self.algorithm = learner, algorithm
         n = learner.num_ranks
-        cpus = max(learner.num_cpus_per_rank, 0.01)  # a placement bundle may not be empty
-        bundle = {"CPU": cpus, **({"GPU": learner.num_gpus_per_rank} if learner.num_gpus_per_rank else {})}
-        self._pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK", name=f"{name}-pg")
+        self._pg = placement_group([learner_bundle(learner) for _ in range(n)], strategy="PACK",
+                                   name=f"{name}-pg")
         self.actors: list = []
         try:
             ray.get(self._pg.ready(), timeout=setup_timeout_s)
             remote = ray.remote(Learner)
             self.actors = [
-                remote.options(num_cpus=cpus, num_gpus=learner.num_gpus_per_rank, name=f"{name}-{rank}",
-                               scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                   self._pg, placement_group_bundle_index=rank))
+                remote.options(**learner_rank_options(learner, rank, name, PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=rank)))
                 .remote(rank, n, str(model_path), dtype, learner, algorithm, sampling_temperature)
                 for rank in range(n)]
+            _check_visibility(self.actors, learner.num_gpus_per_rank)
             nodes = [_node_of(a) for a in self.actors]
             self.rank0_address = nodes[0][1]  # where rank 0 (the weights publisher) runs
             host = LOOPBACK if len({node_id for node_id, _ in nodes}) == 1 else nodes[0][1]

@@ -36,6 +36,7 @@ from core.env import Env
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec
 from environments.item_sampler import family_of
+from launch.placement import pool_actor_options
 
 log = logging.getLogger("agentgym.pools")
 
@@ -54,9 +55,7 @@ class PoolSupervisor:
         self.env_cfg = env_cfg
         count = num_actors or env_cfg.num_actors
         self.names = pool_names(count, name)
-        remote = ray.remote(EnvPool).options(
-            max_restarts=env_cfg.max_actor_restarts, max_task_retries=0, num_cpus=env_cfg.num_cpus_per_actor,
-            scheduling_strategy="SPREAD")  # over every node with free CPUs: env throughput scales with nodes
+        remote = ray.remote(EnvPool).options(**pool_actor_options(env_cfg))  # no GPU visible, SPREAD
         self.actors = [remote.remote(env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint, actor_name,
                                      send_timeout_s, env_factory,
                                      trajectory_curve=trajectory_curve[actor_name] if trajectory_curve else None)

@@ -33,8 +33,9 @@ def ray_env_defaults(argv: list[str] | None = None, environ: dict | None = None)
 
 
 def connect(address: str = "", num_cpus: int = 0, namespace: str = "agentgym-rl",
-            runtime_env: dict | None = None) -> str:
-    """Join or start Ray; returns "local" or the address joined. Safe to call twice."""
+            runtime_env: dict | None = None, num_gpus: int | None = None) -> str:
+    """Join or start Ray; returns "local" or the address joined. Safe to call twice. `num_gpus`: the GPUs a
+    local Ray declares (None: the ones it detects)."""
     address = address or os.environ.get("RAY_ADDRESS", "")
     defaults = ray_env_defaults([f"ray.address={address}"] if address else [])
     for key, value in defaults.items():
@@ -46,7 +47,7 @@ def connect(address: str = "", num_cpus: int = 0, namespace: str = "agentgym-rl"
     if address:
         ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)
         return address
-    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), namespace=namespace,
+    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, namespace=namespace,
              _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=runtime_env,
              log_to_driver=True)
     return "local"
