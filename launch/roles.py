@@ -31,6 +31,34 @@ def advertised(endpoint: str, node_address: str = "") -> str:
     return endpoint.replace("0.0.0.0", node_address or ray.util.get_node_ip_address())
 
 
+def resource_asks(cfg: RootConfig) -> dict[str, list[tuple[str, float]]]:
+    """Per Ray resource ("CPU", "GPU"): (the config keys behind it, amount) for each role, computed from the
+    very options the roles are started with (launch.placement, launch.generators.actor_options)."""
+    from launch.generators import actor_options
+    from launch.placement import learner_bundle, pool_actor_options
+
+    rank = learner_bundle(cfg.learner)
+    replica = actor_options(cfg.generator)
+    pool = pool_actor_options(cfg.env)
+    gen_gpus = ("generator.num_replicas * max(generator.num_gpus, generator.tensor_parallel_size)"
+                if cfg.generator.device == "cuda" else "generator.num_replicas * generator.num_gpus")
+    learners, replicas, pools = cfg.learner.num_ranks, cfg.generator.num_replicas, cfg.env.num_actors
+    return {
+        "CPU": [("learner.num_ranks * learner.num_cpus_per_rank", learners * rank["CPU"]),
+                ("generator.num_replicas * generator.num_cpus", replicas * float(replica["num_cpus"])),
+                ("env.num_actors * env.num_cpus_per_actor", pools * float(pool["num_cpus"]))],
+        "GPU": [("learner.num_ranks * learner.num_gpus_per_rank", learners * rank.get("GPU", 0.0)),
+                (gen_gpus, replicas * float(replica["num_gpus"])),
+                ("env.num_actors (no GPU)", pools * float(pool["num_gpus"]))],
+    }
+
+
+def resource_request(cfg: RootConfig) -> dict[str, float]:
+    """What the whole run asks Ray for, in Ray's resource names: {"CPU": ..., "GPU": ...}. A run fits a node
+    (say {"CPU": 96, "GPU": 8}) when every value is at most the node's."""
+    return {resource: float(sum(v for _, v in parts)) for resource, parts in resource_asks(cfg).items()}
+
+
 def check_resources(cfg: RootConfig, have: dict[str, float] | None = None) -> None:
     """Refuse, naming the config keys, a run whose roles ask for more CPUs or GPUs than the cluster has (`have`:
     Ray's cluster resources when None), since Ray would otherwise wait forever to place them."""
@@ -38,17 +66,10 @@ def check_resources(cfg: RootConfig, have: dict[str, float] | None = None) -> No
         import ray
 
         have = ray.cluster_resources()
-    asks = {
-        "CPU": [("learner.num_ranks * learner.num_cpus_per_rank", cfg.learner.num_ranks * cfg.learner.num_cpus_per_rank),
-                ("generator.num_replicas * generator.num_cpus", cfg.generator.num_replicas * cfg.generator.num_cpus),
-                ("env.num_actors * env.num_cpus_per_actor", cfg.env.num_actors * cfg.env.num_cpus_per_actor)],
-        "GPU": [("learner.num_ranks * learner.num_gpus_per_rank", cfg.learner.num_ranks * cfg.learner.num_gpus_per_rank),
-                ("generator.num_replicas * generator.num_gpus", cfg.generator.num_replicas * cfg.generator.num_gpus)],
-    }
-    for resource, parts in asks.items():
-        total = sum(v for _, v in parts)
+    asks = resource_asks(cfg)
+    for resource, total in resource_request(cfg).items():
         if total > have.get(resource, 0) + 1e-9:
-            detail = ", ".join(f"{k} = {v:g}" for k, v in parts if v)
+            detail = ", ".join(f"{k} = {v:g}" for k, v in asks[resource] if v)
             raise SystemExit(f"launch.train: config error: the roles ask for {total:g} {resource} ({detail}) but the "
                              f"Ray cluster has {have.get(resource, 0):g}; lower those counts or add nodes")
 
