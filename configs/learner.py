@@ -16,7 +16,9 @@ class LearnerConfig:
     num_cpus_per_rank: float = spec(1.0, ge=0)
     """Ray CPU resource per rank."""
     num_gpus_per_rank: float = spec(0.0, ge=0)
-    """Ray GPU resource per rank (0 trains on CPU with gloo; >0 uses NCCL)."""
+    """Ray GPU resource per rank: 0 trains on CPU with gloo (the rank sees no GPU); a whole number >= 1
+    trains on the first GPU Ray gives the rank, with NCCL. Fractions are refused: two ranks on one device
+    fail in NCCL."""
     torch_threads: int = spec(0, ge=0)
     """Compute threads of a rank training on CPU; 0: its num_cpus_per_rank (at least 1), or the count of
     cpu_cores when those are set. More threads than reserved CPUs can pay when the generator idles while
@@ -61,6 +63,10 @@ class LearnerConfig:
 
     def validate(self) -> list[tuple[str, str]]:
         errors = []
+        gpus = self.num_gpus_per_rank
+        if gpus and (gpus < 1 or gpus != int(gpus)):
+            errors.append(("num_gpus_per_rank", (f"expected 0 or a whole number >= 1, got {gpus:g}: ranks "
+                                                 "sharing a GPU fail in NCCL (\"Duplicate GPU detected\")")))
         if self.lr_schedule != "constant" and self.lr_decay_steps == 0:
             errors.append(("lr_decay_steps", f"expected > 0 with lr_schedule={self.lr_schedule}"))
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

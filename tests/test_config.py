@@ -75,6 +75,16 @@ def test_invalid_values_name_the_key(override, key):
     assert err.value.key == key
 
 
+@pytest.mark.parametrize("gpus", ["0.5", "1.5", "0.25"])
+def test_a_learner_rank_takes_whole_gpus(gpus):
+    """Two ranks on one device fail in NCCL ("Duplicate GPU detected"): refused when the config loads."""
+    with pytest.raises(ConfigError, match="expected 0 or a whole number >= 1") as err:
+        load_config(None, [f"learner.num_gpus_per_rank={gpus}"])
+    assert err.value.key == "learner.num_gpus_per_rank"
+    assert [load_config(None, [f"learner.num_gpus_per_rank={g}"]).learner.num_gpus_per_rank
+            for g in ("0", "1", "2", "8")] == [0, 1, 2, 8]
+
+
 def test_section_round_trip_for_actors():
     cfg = load_config(None, ["env.slots_per_actor=3"])
     env = from_dict(type(cfg.env), to_dict(cfg.env))
