@@ -60,7 +60,8 @@ class GeneratorConfig:
     """Requests in flight during a weight update: `finish` on the old weights (tokens keep the old version) or
     `abort` and continue on the new weights (a partial rollout; earlier tokens keep their versions)."""
     seed: int = spec(0, ge=0)
-    """Sampling seed."""
+    """Sampling seed of replica 0; replica i samples with seed + i, so that replicas do not draw the same
+    samples."""
     max_sessions: int = spec(0, ge=0)
     """Episodes one replica serves at once; a new episode waits for a free slot, so that every admitted
     episode's prefix stays in the KV cache between its turns (an overflowing cache recomputes every prompt and
