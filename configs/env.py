@@ -1,12 +1,15 @@
 """Config of the environments and the env-pool actors that run them."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from configs.fields import spec
 
 PARSE_MODES = ("strict", "lenient")
 FAMILIES = ("babyai", "textcraft", "sciworld", "searchqa", "webarena", "agentgym_http")
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 @dataclass
@@ -144,12 +147,29 @@ class EnvConfig:
     """WebArena options."""
     agentgym_http: HTTPEnvConfig = spec(HTTPEnvConfig())
     """Options for training against a running AgentGym env server."""
+    families: dict[str, str] = spec({})
+    """Env families of your own: family name -> the importable module that exports its `FAMILY` (e.g.
+    `{guess: environments.examples.guess}`). Each name can then appear in `mix` and `eval.envs`, and its items
+    are `<name>_<n>`. Every process of the run imports the module, so it must be importable there."""
+    options: dict[str, dict[str, Any]] = spec({})
+    """Options of the families in `families`: family name -> a mapping handed as is to its `make_env` and
+    hooks (built-in families take their own typed section instead)."""
 
     def validate(self) -> list[tuple[str, str]]:
         errors = []
+        for name, module in self.families.items():
+            if name in FAMILIES:
+                errors.append((f"families.{name}", "expected a new family name; this one is built in"))
+            elif not _MODULE.fullmatch(str(module)):
+                errors.append((f"families.{name}", f"expected a dotted module name, got {module!r}"))
+        for name in self.options:
+            if name not in self.families:
+                errors.append((f"options.{name}", "expected a family named in env.families"))
+        known = (*FAMILIES, *self.families)
         for name, weight in self.mix.items():
-            if name not in FAMILIES:
-                errors.append((f"mix.{name}", f"expected an env family among {', '.join(FAMILIES)}"))
+            if name not in known:
+                errors.append((f"mix.{name}", f"expected an env family among {', '.join(known)} "
+                                              "(or one of your own, named in env.families)"))
             elif not weight > 0:
                 errors.append((f"mix.{name}", f"expected a weight > 0, got {weight}"))
         return errors

@@ -3,16 +3,16 @@
 Each family's items come from environments.splits (the dataset files or generated splits), narrowed by the
 family's `select_items(family_cfg, ids)` hook when it has one (e.g. BabyAI's `env.babyai.levels`). The
 agentgym_http family takes the split of the task its server hosts and names the items `agentgym_http_<n>`.
+Families of your own (`env.families`) are registered here before their names are resolved.
 Draws come from core.sampler.ItemSampler: seeded epochs per family and a state that resumes exactly.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from configs.env import FAMILIES
 from core.env import split_item_id
 from core.sampler import ItemSampler
-from environments.registry import get_family
+from environments.registry import family_config, get_family, known_families, register_families
 from environments.splits import load_split, split_path
 
 
@@ -23,14 +23,15 @@ def family_items(name: str, env_cfg: Any, split: str, cache_dir: str | None = No
             raise ValueError("env.agentgym_http.task: name the task the server hosts (its dataset name)")
         ids = load_split(task, split, env_cfg.data_dir, cache_dir)
         return [f"agentgym_http_{split_item_id(i)[1]}" for i in ids]
+    register_families(getattr(env_cfg, "families", {}))
     family = get_family(name)
     # a family whose config names its own data (Search's qa_dir) splits it itself, unless data_dir has the file
     own = family.extras.get("config_split_items")
-    ids = own(getattr(env_cfg, name), split) if own is not None else None
+    ids = own(family_config(name, env_cfg), split) if own is not None else None
     if ids is None or (env_cfg.data_dir and split_path(env_cfg.data_dir, name, split).is_file()):
         ids = load_split(name, split, env_cfg.data_dir, cache_dir)
     select = family.extras.get("select_items")
-    return select(getattr(env_cfg, name), ids) if select else ids
+    return select(family_config(name, env_cfg), ids) if select else ids
 
 
 def mix_sampler(env_cfg: Any, split: str = "train", seed: int = 0, cache_dir: str | None = None) -> ItemSampler:
@@ -46,8 +47,9 @@ def family_of(item_id: str, env_cfg: Any) -> str:
     """The family that runs `item_id`: its prefix when that names a family, or agentgym_http when the prefix is
     the task its server hosts (a user's dataset ids such as `webshop_3`)."""
     prefix, _ = split_item_id(item_id)
-    if prefix in FAMILIES:
+    register_families(getattr(env_cfg, "families", {}))
+    if prefix in known_families():
         return prefix
     if prefix == env_cfg.agentgym_http.task:
         return "agentgym_http"
-    raise ValueError(f"item id {item_id!r}: no env family {prefix!r} (known: {', '.join(FAMILIES)})")
+    raise ValueError(f"item id {item_id!r}: no env family {prefix!r} (known: {', '.join(known_families())})")

@@ -35,18 +35,19 @@ def model_folder(model: str) -> str:
     return model
 
 
-def families_for(env: str) -> tuple[list[str], dict[str, str]]:
-    """The families to run and, for `all`, those skipped with the reason."""
+def families_for(env: str, own: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """The families to run and, for `all`, those skipped with the reason. `own`: the config's env.families."""
     if env != "all":
         names = [e.strip() for e in env.split(",") if e.strip()]
-        unknown = [n for n in names if n not in FAMILIES]
+        known = (*FAMILIES, *own)
+        unknown = [n for n in names if n not in known]
         if unknown:
-            raise ConfigError("--env", f"unknown env {unknown[0]!r}; expected all or one of {', '.join(FAMILIES)}")
+            raise ConfigError("--env", f"unknown env {unknown[0]!r}; expected all or one of {', '.join(known)}")
         return names, {}
     skipped = {"agentgym_http": "needs a running AgentGym env server (env.agentgym_http.url)"}
     if not any(os.environ.get(site) for site in WEBARENA_SITES):
         skipped["webarena"] = f"no WebArena site URL set ({', '.join(WEBARENA_SITES)})"
-    return [f for f in FAMILIES if f not in skipped], skipped
+    return [f for f in FAMILIES if f not in skipped] + list(own), skipped
 
 
 @dataclass
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None:
             extra.append(f"{key}={value}")
     try:
-        envs, skipped = families_for(args.env)
+        own = tuple(load_config(args.config, args.overrides).env.families)
+        envs, skipped = families_for(args.env, own)
         cfg = load_config(args.config, [*args.overrides, *extra, f"eval.envs={envs}"])
     except ConfigError as exc:
         print(f"launch.eval: config error: {exc}", file=sys.stderr)
