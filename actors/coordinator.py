@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from actors.episode_watch import EpisodesFailing, EpisodeWatch
 from actors.group_buffer import GroupBuffer, GroupInfo
 from core.horizon import HorizonSchedule
 from core.metrics import rollout_metrics
@@ -54,7 +55,7 @@ class Coordinator:
                  state: RunState | None = None, ack_timeout_s: float = 300.0,
                  on_group_started: Callable[[GroupInfo], None] | None = None,
                  health: Callable[[], str] | None = None, health_every_s: float = 5.0,
-                 needs_republish: Callable[[], bool] | None = None):
+                 needs_republish: Callable[[], bool] | None = None, episode_watch: EpisodeWatch | None = None):
         """`health()` names a broken role's channel ("" when all is well); it is asked every `health_every_s`
         and a non-empty answer stops the run with that cause; `needs_republish()` (asked after it) asks for the
         current weights to be published again, for a generator replica that was restarted."""
@@ -76,6 +77,7 @@ class Coordinator:
         self._pump_error: BaseException | None = None
         self.health, self.health_every_s, self.needs_republish = health, health_every_s, needs_republish
         self._weights_channel: dict[str, float] = {}
+        self.episode_watch = episode_watch or EpisodeWatch()
 
     # -- admission --------------------------------------------------------------------------------------------
 
@@ -109,6 +111,10 @@ class Coordinator:
         except Exception as exc:  # the pools cannot run episodes at all (e.g. every actor dead): stop the run
             self._fatal = self._fatal or exc
             return
+        try:
+            self.episode_watch.record(summary.family, summary.termination)
+        except EpisodesFailing as exc:
+            self._fatal = self._fatal or exc
         if summary.termination == "lost" or not summary.sent:
             if self.buffer.discard(spec.group_id, "lost" if summary.termination == "lost" else "unsent"):
                 self.gate.on_discarded()
@@ -187,6 +193,8 @@ class Coordinator:
             self._health_at = waited_since
             while self.state.step < self.total_steps and not self.stop_requested:
                 await self._check_channels(pump)
+                if isinstance(self._fatal, EpisodesFailing):
+                    raise self._fatal
                 if self._fatal is not None:
                     raise RuntimeError(f"the env pools failed: {self._fatal!r}") from self._fatal
                 self._admit()

@@ -78,6 +78,11 @@ class SearchConfig:
 
 @dataclass
 class WebArenaConfig:
+    tasks: str = spec("webarena", choices=("webarena", "local_shop"))
+    """Which tasks the splits hold. `webarena`: WebArena's 812 (train 762, test 50), on their self-hosted sites
+    (URLs from SHOPPING, GITLAB, ...). `local_shop`: the local shop's tasks (ids 812 and up), which the run
+    serves itself on 127.0.0.1 (one machine): both splits are those same tasks, a check of the whole path on
+    one machine rather than a benchmark."""
     task_dir: str = spec("")
     """Folder of WebArena task config JSONs; empty uses the 812 configs shipped by `libwebarena`."""
     max_contexts_per_actor: int = spec(4, ge=1)
@@ -104,7 +109,8 @@ class HTTPEnvConfig:
     url: str = spec("")
     """Base URL of an AgentGym env server (its /create, /reset, /step, /close protocol)."""
     task: str = spec("")
-    """The task family that server hosts (item ids are `<task>_<n>`)."""
+    """The task that server hosts (its dataset name); its ids `<task>_<n>` run on this family unless a built-in
+    family of that name is in `mix` (environments.item_sampler.family_of)."""
     timeout_s: float = spec(60.0, gt=0)
     """HTTP timeout per request."""
     parse_mode: str = spec("strict", choices=PARSE_MODES)
@@ -130,6 +136,11 @@ class EnvConfig:
     """Timeout for an env reset."""
     max_actor_restarts: int = spec(5, ge=-1)
     """How many times Ray restarts a dead EnvPool actor (-1: forever)."""
+    failing_window: int = spec(32, ge=1)
+    """Episodes per family the run watches for env failures: when more than `failing_frac` of a family's last
+    `failing_window` episodes ended `env_error` or `env_timeout`, the run stops naming the family."""
+    failing_frac: float = spec(0.5, gt=0, le=1)
+    """The share of env failures among a family's last `failing_window` episodes that stops the run."""
     data_dir: str = spec("")
     """Folder holding AgentGym-RL-Data-ID's `train/<env>_train.json` and `eval/<env>_test.json`; empty uses
     splits generated deterministically into the cache."""

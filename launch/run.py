@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
+from actors.episode_watch import EpisodesFailing
 from configs.schema import RootConfig
+from launch.local_shop import ServedShop
 from launch.ray_cluster import connect, shutdown
 from launch.stop import SignalStop
 
@@ -30,6 +33,15 @@ def run_training(cfg: RootConfig) -> int:
                         stream=sys.stderr)
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    cfg, shop = ServedShop.start(cfg, out, joins_cluster=bool(cfg.ray.address or os.environ.get("RAY_ADDRESS")))
+    try:
+        return _attempts(cfg, out)
+    finally:
+        if shop is not None:
+            shop.close()
+
+
+def _attempts(cfg: RootConfig, out: Path) -> int:
     connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace)
     from launch.session import TrainingSession  # after Ray is up: it imports the roles
 
@@ -45,6 +57,10 @@ def run_training(cfg: RootConfig) -> int:
             try:
                 session.start()
                 state = asyncio.run(session.train())
+            except EpisodesFailing as exc:  # rebuilding the roles would fail the same way: stop, naming it
+                log.error("%s", exc)
+                session.close()
+                return 1
             except Exception as exc:
                 if stopper.signal is not None or len(failures) >= cfg.trainer.max_failures:
                     if failures:

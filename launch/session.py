@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from actors.coordinator import Coordinator, RunState
+from actors.episode_watch import EpisodeWatch
 from actors.group_buffer import GroupInfo
 from configs.schema import RootConfig
 from core.checkpoint import CheckpointStore, write_json, write_text_durably
@@ -121,7 +122,8 @@ class TrainingSession:
             on_step=self._on_step, should_checkpoint=self._should_checkpoint, save=self._save,
             state=self.state, ack_timeout_s=cfg.transport.weights_ack_timeout_s,
             on_group_started=self._on_group_started, health=self.roles.health,
-            needs_republish=self.roles.needs_republish)
+            needs_republish=self.roles.needs_republish,
+            episode_watch=EpisodeWatch(cfg.env.failing_window, cfg.env.failing_frac))
         if self._stop:
             self.coordinator.stop_requested = True
 

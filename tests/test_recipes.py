@@ -18,6 +18,7 @@ from launch.roles import resource_request
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs" / "recipes").glob("*.yaml"))
+CPU_RECIPES = sorted((ROOT / "configs" / "recipes" / "cpu").glob("*.yaml"))
 NODE = {"CPU": 96.0, "GPU": 8.0}
 VARIANTS = ("fixed", "scaling_inter")
 
@@ -113,4 +114,15 @@ def test_gpu_recipe_model_is_never_fetched_silently(recipe):
 def test_the_recipes_page_lists_every_recipe():
     page = (ROOT / "docs" / "recipes.md").read_text()
     missing = [r.name for r in RECIPES if f"configs/recipes/{r.name}" not in page]
+    missing += [r.name for r in CPU_RECIPES if f"configs/recipes/cpu/{r.name}" not in page]
     assert missing == []
+
+
+@pytest.mark.parametrize("recipe", CPU_RECIPES, ids=lambda p: p.stem)
+def test_cpu_recipe_loads_without_warnings_and_fits_two_cores(recipe, caplog):
+    with caplog.at_level(logging.WARNING, logger="agentgym.config"):
+        cfg = load(recipe)
+    assert caplog.records == [] and gpu_settings(cfg) == []
+    asked = resource_request(cfg)
+    assert asked.get("GPU", 0.0) == 0 and asked["CPU"] <= 2.0, asked
+    assert cfg.trainer.output_dir.endswith(recipe.stem)

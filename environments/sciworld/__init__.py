@@ -3,6 +3,7 @@ pairs; see tasks.py for the mapping and splits, env.py for reward, success and p
 from __future__ import annotations
 
 import random
+import shutil
 import re
 
 from configs.env import SciWorldConfig
@@ -27,6 +28,14 @@ def scripted_reply(observation: str, rng: random.Random) -> str:
     return f"Thought:\nI should explore before acting.\n\nAction:\n{command}"
 
 
+def preflight(cfg, items: list[str]) -> list[str]:
+    """ScienceWorld's simulator is a JVM: Java must be on PATH."""
+    if shutil.which("java") is None:
+        return ["ScienceWorld runs in a JVM and no `java` is on PATH (Debian: apt-get install -y "
+                "openjdk-17-jre-headless; launch/install.sh does this)"]
+    return []
+
+
 FAMILY = Family(
     name="sciworld",
     make_env=make_env,
@@ -39,5 +48,6 @@ FAMILY = Family(
         "max_instances_per_actor": lambda cfg: cfg.max_jvms_per_actor,
         "split_items": lambda split: list(split_items(split)),
         "item_label": lambda item_id: item_to_task(item_id)[0].name,  # eval reports: by task
+        "preflight": preflight,
     },
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 
 from configs.env import SearchConfig
 from core.env import Env, run_sync_env
@@ -64,6 +65,18 @@ def config_split_items(cfg: SearchConfig, split: str) -> list[str] | None:
     return _split_ids(split, sizes.get("test", 0), len(records))
 
 
+def preflight(cfg: SearchConfig, items: list[str]) -> list[str]:
+    """What stops Search episodes here: the retrieval server or the corpus and QA folders it names."""
+    problems = []
+    if cfg.retriever == "remote" and not cfg.retriever_url:
+        problems.append("env.searchqa.retriever=remote needs env.searchqa.retriever_url (a Search-R1 /retrieve server)")
+    for key in ("corpus_dir", "qa_dir"):
+        folder = getattr(cfg, key)
+        if folder and not Path(folder).is_dir():
+            problems.append(f"env.searchqa.{key}: no folder at {folder}")
+    return problems
+
+
 FAMILY = Family(
     name="searchqa",
     make_env=make_env,
@@ -76,5 +89,6 @@ FAMILY = Family(
         "max_instances_per_actor": lambda cfg: cfg.max_envs_per_actor,
         "split_items": split_items,
         "config_split_items": config_split_items,
+        "preflight": preflight,
     },
 )

@@ -8,6 +8,8 @@ splits, env.py for an episode, observation.py / actions.py / evaluators.py for t
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
 import random
 import re
 
@@ -15,7 +17,10 @@ from configs.env import WebArenaConfig
 from core.env import Env
 from environments.registry import Family
 from environments.webarena.env import WebArenaEnv
-from environments.webarena.tasks import WEBARENA_TASKS, local_items, skipped_tasks, split_items
+from environments.webarena.tasks import (
+    WEBARENA_TASKS, all_tasks, config_split_items, local_items, missing_sites, runnable_items, skipped_tasks,
+    split_items,
+)
 
 _CLICKABLE = re.compile(r"\[(\d+)\] (?:link|button) '")
 
@@ -39,6 +44,34 @@ def local_site_fixture():
     return local_site()
 
 
+def preflight(cfg: WebArenaConfig, items: list[str]) -> list[str]:
+    """What stops `items` from running here: the browser, the task configs, the sites' URLs, login states."""
+    problems = []
+    if not os.path.exists(cfg.chromium_path):
+        problems.append(f"env.webarena.chromium_path: no browser at {cfg.chromium_path} "
+                        "(Debian: apt-get install -y chromium; launch/install.sh does this)")
+    if importlib.util.find_spec("playwright") is None:
+        problems.append("the playwright package is not installed (launch/install.sh installs it)")
+    try:
+        tasks = all_tasks(cfg)
+    except (OSError, ValueError) as exc:
+        return problems + [str(exc)]
+    served = ("SHOPPING",) if cfg.tasks == "local_shop" else ()
+    missing = missing_sites(cfg, items, served)
+    if missing:
+        problems.append(
+            f"of its {len(items)} tasks, some need environment variables that are not set: "
+            f"{', '.join(f'{var} ({n} tasks)' for var, n in sorted(missing.items()))}. They are the URLs of the "
+            "self-hosted WebArena sites (e.g. GITLAB=http://host:8023); set them, or train on the local shop "
+            "with env.webarena.tasks=local_shop")
+    needs_login = sorted({str(tasks[n].get("storage_state")) for n in (int(i.split("_")[1]) for i in items)
+                          if n in tasks and tasks[n].get("storage_state")})
+    if needs_login and not cfg.storage_state_dir and cfg.tasks != "local_shop":
+        problems.append(f"its tasks log in from saved states ({', '.join(needs_login)}): set "
+                        "env.webarena.storage_state_dir (python -m environments.webarena.login writes them)")
+    return problems
+
+
 @contextlib.contextmanager
 def contract_context(cfg):
     """The env contract test's hook: run against the local shop, with `cfg` as the base config."""
@@ -59,6 +92,9 @@ FAMILY = Family(
         "contract_items": ["webarena_812", "webarena_819"],  # local shop tasks: need local_site_fixture()
         "max_instances_per_actor": lambda cfg: cfg.max_contexts_per_actor,
         "split_items": split_items,
+        "config_split_items": config_split_items,  # tasks=local_shop: the shop's tasks in both splits
+        "select_items": runnable_items,  # tasks skipped under this config are never drawn
+        "preflight": preflight,
         "skipped_items": skipped_tasks,  # cfg -> {item id: reason}; fuzzy_match tasks without a judge
         "local_site": local_site_fixture,
         "contract_context": contract_context,

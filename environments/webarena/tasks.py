@@ -81,7 +81,8 @@ def _load(task_dir: str) -> dict[int, dict]:
 
 def all_tasks(cfg: WebArenaConfig) -> dict[int, dict]:
     """task id -> raw config (placeholders not yet substituted)."""
-    return _load(cfg.task_dir)
+    local = cfg.tasks == "local_shop" and not cfg.task_dir
+    return _load(str(local_task_dir()) if local else cfg.task_dir)
 
 
 def skip_reason(task: dict, cfg: WebArenaConfig) -> str | None:
@@ -147,3 +148,28 @@ def split_items(split: str) -> list[str]:
 
 def local_items() -> list[str]:
     return [f"webarena_{n}" for n in sorted(read_task_dir(local_task_dir()))]
+
+
+def config_split_items(cfg: WebArenaConfig, split: str) -> list[str] | None:
+    """With `tasks=local_shop`, both splits are the local shop's tasks; None otherwise (WebArena's splits)."""
+    return local_items() if cfg.tasks == "local_shop" else None
+
+
+def runnable_items(cfg: WebArenaConfig, ids: list[str]) -> list[str]:
+    """`ids` without the tasks this configuration skips (fuzzy_match without a judge): never drawn at all."""
+    skipped = skipped_tasks(cfg)
+    return [i for i in ids if i not in skipped]
+
+
+def missing_sites(cfg: WebArenaConfig, ids: list[str], served: tuple[str, ...] = ()) -> dict[str, int]:
+    """Site variable -> how many of `ids` need it while it is unset (and not in `served`, the sites the run
+    serves itself). Ids without a task config are left to `task_for`, which names them."""
+    tasks = all_tasks(cfg)
+    needed: dict[str, int] = {}
+    for item in ids:
+        task = tasks.get(split_item_id(item)[1])
+        text = json.dumps(task) if task is not None else ""
+        for placeholder, var in SITE_VARS.items():
+            if placeholder in text and not os.environ.get(var) and var not in served:
+                needed[var] = needed.get(var, 0) + 1
+    return needed

@@ -1,0 +1,38 @@
+"""Stopping a run whose episodes keep failing in the env, instead of letting it draw item after item.
+
+A family whose env cannot run here (a site that is down, a server that refuses every reset) ends each episode
+`env_error` or `env_timeout` within seconds, and the pools draw new items as fast as they fail: no step is
+trained and the logs fill. The watch keeps each family's last `window` endings and, once that many have ended,
+stops the run when more than `max_frac` of them were env failures, naming the family and the counts.
+"""
+from __future__ import annotations
+
+import collections
+
+ENV_FAILURES = ("env_error", "env_timeout")
+
+
+class EpisodesFailing(RuntimeError):
+    """A family's episodes keep failing in the env; restarting the run's roles would not help."""
+
+
+class EpisodeWatch:
+    def __init__(self, window: int = 32, max_frac: float = 0.5):
+        if window < 1 or not 0 < max_frac <= 1:
+            raise ValueError(f"EpisodeWatch: window >= 1 and 0 < max_frac <= 1, got {window}, {max_frac}")
+        self.window, self.max_frac = window, max_frac
+        self._last: dict[str, collections.deque] = {}
+
+    def record(self, family: str, termination: str) -> None:
+        """Note how an episode of `family` ended; raises EpisodesFailing when the family's window trips."""
+        last = self._last.setdefault(family, collections.deque(maxlen=self.window))
+        last.append(termination)
+        if len(last) < self.window:
+            return
+        failed = collections.Counter(t for t in last if t in ENV_FAILURES)
+        if sum(failed.values()) > self.max_frac * self.window:
+            counts = ", ".join(f"{n} {t}" for t, n in sorted(failed.items()))
+            raise EpisodesFailing(
+                f"the {family} env keeps failing: of its last {self.window} episodes, {counts} "
+                f"(more than env.failing_frac = {self.max_frac:g}); the env-pool logs say why. Stopping instead "
+                "of drawing more items")
