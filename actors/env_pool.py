@@ -155,6 +155,7 @@ class EnvPool:
         c[f"env/{family}/reward"] += traj.total_reward
         c[f"env/{family}/env_seconds"] += m.get("env_seconds", 0.0)
         c[f"env/{family}/valid_actions"] += m.get("valid_actions", 0.0)
+        c[f"env/{family}/judged_turns"] += m.get("judged_turns", float(traj.num_turns))
         c["pool/gen_seconds"] += m.get("gen_seconds", 0.0)
         c["pool/episode_seconds"] += m.get("episode_seconds", 0.0)
         c[f"pool/termination/{traj.termination.value}"] += 1

@@ -3,8 +3,11 @@
 What must hold:
 - `reset(item_id)` is deterministic: the same item id gives a byte-identical first observation in any process.
 - `step(text)` takes the agent's whole reply. The env extracts the action itself (its parse mode decides how)
-  and reports whether one was found (`valid_action`) and by which rule (`parse_rule`). Bad agent output is
-  never an exception: it gets an explanatory observation, changes nothing, and the episode goes on.
+  and reports whether one was found and accepted (`valid_action`) and by which rule (`parse_rule`). Bad agent
+  output is never an exception: it gets an explanatory observation, changes nothing, and the episode goes on.
+- `valid_action` is None only when the env cannot tell whether its action was accepted (a remote server that
+  gives no verdict): such a turn earns no format reward and is left out of the valid-action fraction. Every
+  built-in family always knows (True or False); a reply without an action is always False.
 - An exception out of `reset` or `step` means the env itself is broken. The env pool closes it, replaces it,
   and ends the episode with reason `env_error`; it is never turned into a zero reward.
 - One env instance serves one episode at a time and is reused across episodes (reset switches the task).
@@ -35,7 +38,7 @@ class StepResult:
     observation: str
     reward: float
     done: bool
-    valid_action: bool  # an action was found in the reply and the env accepted it
+    valid_action: bool | None  # an action was found and the env accepted it; None: the env cannot tell
     parse_rule: str  # which rule found the action: "strict", "lenient", or "none"
     success: bool = False  # the task was solved (meaningful once done)
     score: float | None = None  # the env's own raw score where it has one (e.g. SciWorld 0-100)

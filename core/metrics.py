@@ -8,7 +8,9 @@ Definitions (printed in the README too):
 - env_reward: the env's own reward only.
 - success: 1 if the episode ended with the task solved (BabyAI: goal reached; TextCraft: item crafted;
   SciWorld: score 100; Search: exact match; WebArena: evaluator passed), else 0.
-- valid_action_frac: of all agent turns, the fraction whose reply held an action the env accepted.
+- valid_action_frac: of the agent turns the env judged, the fraction whose reply held an action the env
+  accepted. A turn is judged when the env could tell (an AgentGym server that gives no verdict cannot); absent
+  when no turn of the batch was judged. judged_turn_frac: the fraction of turns that were judged.
 - staleness: learner version at training minus the oldest policy version among a trajectory's sampled tokens.
 """
 from __future__ import annotations
@@ -54,6 +56,16 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
+def valid_action_frac(trajectories: Iterable[Trajectory]) -> float | None:
+    """Accepted actions over judged turns (turns whose validity the env reported); None when none was judged.
+    A record without `judged_turns` (written before verdicts could be unknown) counts every turn as judged."""
+    trajs = list(trajectories)
+    judged = sum(t.metrics.get("judged_turns", float(t.num_turns)) for t in trajs)
+    if judged <= 0:
+        return None
+    return sum(t.metrics.get("valid_actions", 0.0) for t in trajs) / judged
+
+
 def rollout_metrics(trajectories: Iterable[Trajectory], version: int | None = None) -> dict[str, float]:
     """Summary of the episodes in one train batch (or any set of finished episodes)."""
     trajs = list(trajectories)
@@ -65,7 +77,11 @@ def rollout_metrics(trajectories: Iterable[Trajectory], version: int | None = No
     out["rollout/reward_mean"] = _mean([t.total_reward for t in trajs])
     out["rollout/env_reward_mean"] = _mean([t.metrics.get("env_reward", t.total_reward) for t in trajs])
     out["rollout/success_rate"] = _mean([t.metrics.get("success", 0.0) for t in trajs])
-    out["rollout/valid_action_frac"] = sum(t.metrics.get("valid_actions", 0.0) for t in trajs) / max(1, turns)
+    valid_frac = valid_action_frac(trajs)
+    if valid_frac is not None:
+        out["rollout/valid_action_frac"] = valid_frac
+    out["rollout/judged_turn_frac"] = sum(t.metrics.get("judged_turns", float(t.num_turns)) for t in trajs) \
+        / max(1, turns)
     out["rollout/turns_mean"] = turns / len(trajs)
     out["rollout/tokens_mean"] = _mean([t.num_tokens for t in trajs])
     out["rollout/gen_tokens_mean"] = _mean([t.metrics.get("gen_tokens", 0.0) for t in trajs])

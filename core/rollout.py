@@ -13,6 +13,9 @@ What must hold:
 - A reply the generator cut without finishing it (finish reason `abort`: shutdown) is not appended and the
   episode ends `aborted`; the generator's own abort-and-continue on a weight update never surfaces here.
 - When the episode ends, however it ends, the policy's optional `end_session` is told (core/policy.py).
+- The format reward is paid only for a turn the env judged valid (`valid_action is True`); a turn whose
+  validity the env cannot tell (None) earns none. Metrics count `valid_actions` (accepted) and `judged_turns`
+  (turns with a known verdict, accepted or not), so the valid-action fraction covers judged turns only.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ class EpisodeLimits:
     max_context_tokens: int = 2048
     temperature: float = 1.0
     top_p: float = 1.0
-    format_reward: float = 0.0  # added to a turn's reward when its action parsed as valid
+    format_reward: float = 0.0  # added to a turn's reward when the env judged its action valid (not unknown)
     instruction_role: str = "system"
     reset_timeout_s: float = 120.0
     step_timeout_s: float = 60.0
@@ -82,8 +85,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     b = _Builder()
     turn_ends: list[int] = []
     turn_rewards: list[float] = []
-    metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "success": 0.0,
-               "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
+    metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "judged_turns": 0.0,
+               "success": 0.0, "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
     termination = Termination.HORIZON
     started = time.monotonic()
     try:
@@ -134,11 +137,13 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
                 break
             finally:
                 metrics["env_seconds"] += time.monotonic() - t0
-            shaped = limits.format_reward if step.valid_action else 0.0
+            valid = step.valid_action  # True, False, or None: the env cannot tell
+            shaped = limits.format_reward if valid is True else 0.0
             turn_rewards.append(float(step.reward) + shaped)
             metrics["env_reward"] += float(step.reward)
             metrics["format_reward"] += shaped
-            metrics["valid_actions"] += float(step.valid_action)
+            metrics["valid_actions"] += float(valid is True)
+            metrics["judged_turns"] += float(valid is not None)
             if step.score is not None:
                 metrics["score"] = float(step.score)
             if step.done:

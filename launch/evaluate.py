@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.schema import RootConfig
+from core.metrics import valid_action_frac
 from core.rollout import EpisodeLimits, EpisodeSpec
 from core.trajectory import Trajectory
 from core.transport import TrajectoryReceiver
@@ -93,8 +94,7 @@ def summarize(family: str, trajs: list[Trajectory], lost: int = 0) -> dict:
             items[t.item_id].append(t.metrics.get("success", 0.0))
         return {"episodes": n, "success_rate": sum(t.metrics.get("success", 0.0) for t in group) / n,
                 "score": sum(score) / n, "raw_score": sum(raw) / n, "turns": sum(t.num_turns for t in group) / n,
-                "valid_action_frac": sum(t.metrics.get("valid_actions", 0.0) for t in group)
-                / max(1, sum(t.num_turns for t in group)),
+                "valid_action_frac": valid_action_frac(group),  # over judged turns; None: none judged
                 "pass_at_k": sum(max(v) for v in items.values()) / len(items),
                 "terminations": dict(collections.Counter(t.termination.value for t in group))}
 
@@ -103,6 +103,10 @@ def summarize(family: str, trajs: list[Trajectory], lost: int = 0) -> dict:
         by_label[_label(family, t.item_id)].append(t)
     return {"family": family, "lost_episodes": lost, **(row(trajs) if trajs else {"episodes": 0}),
             "breakdown": {k: row(v) for k, v in sorted(by_label.items())}}
+
+
+def _fraction(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
@@ -117,7 +121,7 @@ def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
     for fam in report["envs"]:
         if fam["episodes"]:
             lines.append(f"| {fam['family']} | {fam['episodes']} | {fam['success_rate']:.3f} | {fam['score']:.3f} | "
-                         f"{fam['raw_score']:.2f} | {fam['turns']:.1f} | {fam['valid_action_frac']:.2f} | "
+                         f"{fam['raw_score']:.2f} | {fam['turns']:.1f} | {_fraction(fam['valid_action_frac'])} | "
                          f"{fam['pass_at_k']:.3f} | {fam['lost_episodes']} |")
     for fam in report["envs"]:
         lines += ["", f"## {fam['family']}: by level or task", "",
