@@ -122,6 +122,10 @@ class _AppThread(ServerThread):
     ({"error": "The task with environment 0 has finished."}, "server error: The task"),
     ({"observation": "ok", "done": False}, "no 'reward'"),
     ({"observation": 3, "reward": 0, "done": False}, "'observation' has type int"),
+    ({"observation": "ok", "reward": 0, "done": False, "score": "high"}, "'score' has type str"),
+    ({"observation": "ok", "reward": float("nan"), "done": False}, "'reward' is not a finite number"),
+    ({"observation": "ok", "reward": 0, "done": False, "score": float("inf")}, "'score' is not a finite number"),
+    ({"observation": "ok", "reward": 0, "done": False, "valid_action": "yes"}, "'valid_action' has type str"),
 ])
 def test_server_errors_are_errors_never_zero_rewards(reply, match):
     with _AppThread(_reference_style_server(reply)) as server:

@@ -1,7 +1,7 @@
 """A client of AgentGym's HTTP env servers as one more env family, and the server that serves ours.
 
 Item ids are `agentgym_http_<n>` (or the served task's own `<task>_<n>` ids from its dataset files), where n is
-the server's data_idx.
+the server's data_idx; environments.item_sampler.family_of says which ids the env pool routes here.
 """
 from __future__ import annotations
 

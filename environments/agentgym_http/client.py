@@ -1,28 +1,43 @@
 """A client of AgentGym's env servers (environments/agentgym_http/protocol.py) as one more env family.
 
 What must hold:
-- One server-side env per client: created on first reset, reset per item (`agentgym_http_<n>` or
-  `<task>_<n>` -> data_idx n), closed on close.
+- One server-side env per client: created on first reset, reset per item, closed on close. Item ids are
+  `agentgym_http_<n>` or `<task>_<n>` (the served task's own ids): both reset data_idx n; any other prefix is
+  refused (environments/item_sampler.family_of decides which ids reach this family).
 - The client extracts the action from the agent's reply, as the reference's clients do: the `Action:` line
   rule for babyai and textcraft, the rest after the last `Action:` for other tasks (SciWorld's rule); in
   lenient mode BabyAI's available actions (read from the observation) and TextCraft's command grammar are
-  also matched anywhere in the reply. A reply without an action is answered locally (no request).
-- Every failure is an exception (EnvServerError): non-200 status, an "error" key, a malformed reply, a
-  connection error, a timeout. The env pool turns it into `env_error` and replaces the env; nothing becomes
-  a zero reward.
-- `valid_action` is the server's own flag when it sends one (ours does), else true once an action was sent.
+  also matched anywhere in the reply. A reply without an action is answered locally (no request), invalid.
+- Every failure is an exception (EnvServerError): non-200 status, an "error" key, a malformed reply (a missing
+  or mistyped field, a reward or score that is not a finite number), a connection error, a timeout. The env
+  pool turns it into `env_error` and replaces the env; nothing becomes a zero reward.
+- `valid_action` is the server's own flag when it sends one (ours does); else the verdict its reply text
+  gives for the task (verdicts.py: BabyAI's and TextCraft's known texts); else None, unknown: such a turn
+  earns no format reward and is not counted in the valid-action fraction.
+- The server's `score`, when it sends one (AgentGym's BabyAI does, TextCraft does not), is `StepResult.score`.
+- `GET /observation` is answered with a string (TextCraft, ours) or an object with `observation`, `score`,
+  `reward`, `done` (BabyAI): `observe()` reads both.
 """
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from core.env import Env, Observation, StepResult, split_item_id
 from environments.agentgym_http.protocol import (
-    CLOSE, CREATE, OBSERVATION, RESET, STEP, EnvServerError, require,
+    CLOSE,
+    CREATE,
+    OBSERVATION,
+    RESET,
+    STEP,
+    EnvServerError,
+    require,
 )
+from environments.agentgym_http.verdicts import action_validity
 from environments.parsing import NONE, Parsed, last_named, parse_reply, strict_rest
 
 LINE_RULE_TASKS = ("babyai", "textcraft")
@@ -36,6 +51,26 @@ def _instruction(task: str) -> str:
         from environments.textcraft.prompt import INSTRUCTION
         return INSTRUCTION
     return ""
+
+
+def _number(payload: dict, key: str, where: str, required: bool) -> float | None:
+    """payload[key] as a finite float; None when it is absent (or null) and not required."""
+    if payload.get(key) is None and not required:
+        return None
+    value = float(require(payload, key, (int, float), where))
+    if not math.isfinite(value):
+        raise EnvServerError(f"{where}: field {key!r} is not a finite number: {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ServerObservation:
+    """What `GET /observation` says: the text, and where the server sends them, its score, reward and done."""
+
+    text: str
+    score: float | None = None
+    reward: float | None = None
+    done: bool | None = None
 
 
 class AgentGymHTTPEnv(Env):
@@ -77,7 +112,10 @@ class AgentGymHTTPEnv(Env):
 
     # -- Env ----------------------------------------------------------------------------------------------
     async def reset(self, item_id: str) -> Observation:
-        _, index = split_item_id(item_id)
+        prefix, index = split_item_id(item_id)
+        if prefix not in (self.family, self.task):
+            raise ValueError(f"agentgym_http: item {item_id!r} is neither {self.family}_<n> nor "
+                             f"{self.task or '<task>'}_<n> (env.agentgym_http.task)")
         if self.env_id is None:
             created = await self._request("POST", CREATE, {})
             self.env_id = int(require(created, "id", int, CREATE))
@@ -97,20 +135,34 @@ class AgentGymHTTPEnv(Env):
             return StepResult(parsed.error, 0.0, False, False, parsed.rule)
         data = await self._request("POST", STEP, {"id": self.env_id, "action": parsed.action})
         self.observation = require(data, "observation", str, STEP)
-        reward = float(require(data, "reward", (int, float), STEP))
+        reward = _number(data, "reward", STEP, required=True)
         done = bool(require(data, "done", bool, STEP))
-        valid = bool(data.get("valid_action", True))
+        if "valid_action" in data:
+            valid = bool(require(data, "valid_action", bool, STEP))
+        else:  # AgentGym's servers send no flag: their reply text may tell, else it is unknown
+            valid = action_validity(self.task, self.observation)
         success = bool(data.get("success", done and reward > 0))
         return StepResult(self.observation, reward, done, valid, parsed.rule, success=success,
-                          info={"action": parsed.action, "server_score": data.get("score")})
+                          score=_number(data, "score", STEP, required=False), info={"action": parsed.action})
 
-    async def current_observation(self) -> str:
+    async def observe(self) -> ServerObservation:
+        """The server's current observation, from either reply form of `GET /observation`."""
         if self.env_id is None:
             raise RuntimeError("agentgym_http: no env yet; reset() first")
         data = await self._request("GET", OBSERVATION, params={"id": str(self.env_id)})
-        if not isinstance(data, str):
-            raise EnvServerError(f"GET {OBSERVATION}: expected a string, got {data!r:.200}")
-        return data
+        if isinstance(data, str):
+            return ServerObservation(data)
+        if not isinstance(data, dict):
+            raise EnvServerError(f"GET {OBSERVATION}: expected a string or an object, got {data!r:.200}")
+        done = data.get("done")
+        if done is not None and not isinstance(done, bool):
+            raise EnvServerError(f"GET {OBSERVATION}: field 'done' has type {type(done).__name__}")
+        return ServerObservation(require(data, "observation", str, OBSERVATION),
+                                 score=_number(data, "score", OBSERVATION, required=False),
+                                 reward=_number(data, "reward", OBSERVATION, required=False), done=done)
+
+    async def current_observation(self) -> str:
+        return (await self.observe()).text
 
     async def close(self) -> None:
         try:

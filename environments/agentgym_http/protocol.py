@@ -3,14 +3,16 @@
     POST /create                       -> {"id": int, ...}           (TextCraft's also takes {"commands", "goal"})
     POST /reset {"id", "data_idx"}     -> {"observation": str, "reward", "done", ...}
     POST /step {"id", "action"}        -> {"observation": str, "reward", "done", "score"?}
-    POST /close {"id"}                 -> anything (not every reference server has it)
-    GET  /observation?id=<id>          -> the current observation (a JSON string)
+    POST /close {"id"}                 -> anything (`true` from AgentGym's; not every server has it)
+    GET  /observation?id=<id>          -> the current observation: a JSON string (TextCraft's, ours) or an
+                                          object {"observation", "reward", "score", "done", ...} (BabyAI's)
 
 `action` is the action already extracted from the agent's reply: the reference's clients parse replies
 themselves and send only the action. The reference servers answer errors with HTTP 200 and {"error": ...}
 (and the reference trainer scored those 0); here any non-200 status or an "error" key is an EnvServerError.
 Our server adds `instruction` to /reset and `valid_action`, `parse_rule`, `success` to /step; clients of the
-reference ignore unknown keys.
+reference ignore unknown keys. AgentGym's servers send no `valid_action` (see verdicts.py) and BabyAI's alone
+sends `score` (a running sum of its rewards).
 """
 from __future__ import annotations
 
