@@ -44,12 +44,22 @@ def mix_sampler(env_cfg: Any, split: str = "train", seed: int = 0, cache_dir: st
 
 
 def family_of(item_id: str, env_cfg: Any) -> str:
-    """The family that runs `item_id`: its prefix when that names a family, or agentgym_http when the prefix is
-    the task its server hosts (a user's dataset ids such as `webshop_3`)."""
+    """The family that runs `item_id` (`<prefix>_<n>`), by these rules in order:
+
+    1. prefix `agentgym_http`: the AgentGym HTTP client (its server's data_idx n);
+    2. prefix equal to `env.agentgym_http.task`, the task its server hosts (`webshop_3`; `babyai_3` for a
+       BabyAI server): the HTTP client, unless a built-in family of that name is in `env.mix`, which then
+       keeps its own ids (the HTTP family's items are then `agentgym_http_<n>`, as its sampler names them);
+    3. prefix naming a built-in family, or one of env.families: that family;
+    4. anything else: ValueError.
+    """
     prefix, _ = split_item_id(item_id)
     register_families(getattr(env_cfg, "families", {}))
+    if prefix == "agentgym_http":
+        return prefix
+    if prefix == env_cfg.agentgym_http.task and prefix not in env_cfg.mix:
+        return "agentgym_http"
     if prefix in known_families():
         return prefix
-    if prefix == env_cfg.agentgym_http.task:
-        return "agentgym_http"
-    raise ValueError(f"item id {item_id!r}: no env family {prefix!r} (known: {', '.join(known_families())})")
+    raise ValueError(f"item id {item_id!r}: no env family {prefix!r} (known: {', '.join(known_families())}; "
+                     f"env.agentgym_http.task: {env_cfg.agentgym_http.task!r})")

@@ -83,6 +83,8 @@ def test_http_items_route_to_the_http_family(tmp_path):
     items = family_items("agentgym_http", cfg, "test", cache_dir=str(tmp_path))
     assert len(items) == 100 and all(i.startswith("agentgym_http_") for i in items)
     assert family_of("agentgym_http_3", cfg) == "agentgym_http"
+    assert family_of("textcraft_3", cfg) == "agentgym_http"  # the served task's id, no built-in textcraft in mix
+    cfg.mix = {"textcraft": 1.0, "agentgym_http": 1.0}
     assert family_of("textcraft_3", cfg) == "textcraft"
     cfg.agentgym_http.task = "webshop"
     assert family_of("webshop_12", cfg) == "agentgym_http"
