@@ -3,7 +3,7 @@
 Namespaces: `rollout/` (what the episodes did), `train/` (the learner), `env/<family>/` (per env family),
 `perf/` (throughput and idle time of each role), `staleness/` (policy lag of what was trained).
 
-Definitions (printed in the README too):
+Definitions (printed in docs/training.md too):
 - reward: the sum of a trajectory's turn rewards, shaping included (the format reward, when enabled).
 - env_reward: the env's own reward only.
 - success: 1 if the episode ended with the task solved (BabyAI: goal reached; TextCraft: item crafted;

@@ -1,6 +1,6 @@
 """Evaluation: run a split through generators and env pools, then write the report (JSON and Markdown).
 
-Metrics, per env family (also defined in the README):
+Metrics, per env family (also defined in docs/training.md):
 - success_rate: the fraction of episodes that solved their task (BabyAI goal reached, TextCraft item crafted,
   SciWorld score 100, Search exact match, WebArena evaluator passed).
 - score: the env's own reward summed over the episode, clipped to [0, 1] (BabyAI: 1 - 0.9 * steps/max_steps
@@ -131,7 +131,7 @@ def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
                          f"{r['turns']:.1f} | {', '.join(f'{k} {v}' for k, v in sorted(r['terminations'].items()))} |")
     for family, reason in report.get("skipped", {}).items():
         lines.append(f"\nSkipped {family}: {reason}.")
-    lines += ["", "Metric definitions: see the README, section Metrics."]
+    lines += ["", "Metric definitions: see docs/training.md, section Metrics."]
     md_path = out_dir / "eval_report.md"
     md_path.write_text("\n".join(lines) + "\n")
     return json_path, md_path
