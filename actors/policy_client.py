@@ -12,8 +12,11 @@ What must hold:
   `lost` (`PolicyLost`), new sessions go to the replicas that are up, and it is probed every `probe_s` until
   it answers again (Ray restarts it; a restarted replica waits for the current weights before it serves).
   When no replica is up, a new session waits for one, at most `recovery_wait_s`, then fails naming why.
-- It is picklable (the handles travel; the routing table starts empty in the new process), so it can be given
-  to env-pool actors. It holds handles, never imports the generator.
+- It is picklable (the routing table starts empty in the new process), so it can be given to env-pool actors.
+  Given the replicas' Ray actor names, it travels as those names and looks the handles up on first use: a
+  constructor argument holding actor handles is one Ray cannot promise to restore when it restarts the actor
+  (it logs an error saying so, ray-project/ray#53727), while names always resolve. It never imports the
+  generator.
 """
 from __future__ import annotations
 
@@ -33,29 +36,44 @@ log = logging.getLogger("agentgym.policy")
 
 class PolicyClient:
     def __init__(self, handles: Sequence[Any], max_sessions_tracked: int = 1 << 16,
-                 recovery_wait_s: float = 300.0, probe_s: float = 2.0):
+                 recovery_wait_s: float = 300.0, probe_s: float = 2.0, names: Sequence[str] | None = None):
+        """`names`: the replicas' Ray actor names (same order as `handles`), which a pickled copy carries."""
         if not handles:
             raise ValueError("PolicyClient needs at least one generator handle")
-        self.handles = list(handles)
+        if names is not None and len(names) != len(handles):
+            raise ValueError(f"PolicyClient: {len(names)} names for {len(handles)} handles")
+        self._handles: list | None = list(handles)
+        self.names = list(names) if names is not None else None
+        self.num_replicas = len(handles)
         self.max_sessions_tracked = max_sessions_tracked
         self.recovery_wait_s, self.probe_s = recovery_wait_s, probe_s
         self._init_state()
 
     def _init_state(self) -> None:
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._pending = [0] * len(self.handles)  # routed here, first request not answered yet
+        self._pending = [0] * self.num_replicas  # routed here, first request not answered yet
         self._route_lock: asyncio.Lock | None = None
-        self._next = random.randrange(len(self.handles))  # ties rotate, from a random start per client
+        self._next = random.randrange(self.num_replicas)  # ties rotate, from a random start per client
         self._down: dict[int, float] = {}  # replica -> when it was last seen failing
         self.lost = 0  # requests that failed because their replica died
 
-    _SETTINGS = ("handles", "max_sessions_tracked", "recovery_wait_s", "probe_s")
+    _SETTINGS = ("names", "num_replicas", "max_sessions_tracked", "recovery_wait_s", "probe_s")
+
+    @property
+    def handles(self) -> list:
+        if self._handles is None:  # a copy that travelled by name: look the replicas up once
+            import ray
+
+            self._handles = [ray.get_actor(name) for name in self.names]
+        return self._handles
 
     def __getstate__(self) -> dict:
-        return {k: getattr(self, k) for k in self._SETTINGS}
+        state = {k: getattr(self, k) for k in self._SETTINGS}
+        state["_handles"] = None if self.names is not None else self._handles
+        return state
 
     def __setstate__(self, state: dict) -> None:
-        for k in self._SETTINGS:
+        for k in (*self._SETTINGS, "_handles"):
             setattr(self, k, state[k])
         self._init_state()
 
@@ -98,7 +116,7 @@ class PolicyClient:
                 else:
                     log.warning("generator replica %d is back", i)
                     del self._down[i]
-        return [i for i in range(len(self.handles)) if i not in self._down]
+        return [i for i in range(self.num_replicas) if i not in self._down]
 
     async def _wait_for_replicas(self) -> list[int]:
         deadline = time.monotonic() + self.recovery_wait_s
@@ -115,7 +133,7 @@ class PolicyClient:
             await self.handles[index].end_session.remote(session_id)
 
     async def _route_new(self) -> int:
-        if len(self.handles) == 1 and not self._down:
+        if self.num_replicas == 1 and not self._down:
             self._pending[0] += 1
             return 0
         if self._route_lock is None:
@@ -131,7 +149,7 @@ class PolicyClient:
                 scores[i] = (load["sessions"] + load["waiting"] + self._pending[i]) / max(1, load["capacity"])
             if not scores:  # every replica failed just now: wait for one to come back
                 return await self._route_new_unlocked()
-            n = len(self.handles)
+            n = self.num_replicas
             index = min(scores, key=lambda i: (scores[i], (i - self._next) % n))
             self._next = (index + 1) % n
             self._pending[index] += 1

@@ -22,6 +22,7 @@ What must hold:
 """
 from __future__ import annotations
 
+import logging
 import math
 import mmap
 import os
@@ -33,6 +34,20 @@ from core.weights_channel import TensorBytes, byte_view
 
 ALIGN = 64
 WORKER_EXTENSION = "actors.vllm_weights.WeightLoadExtension"
+
+
+class _RotaryReloadNotice(logging.Filter):
+    """Drops the "RotaryEmbedding: Failed to load weights" warning vLLM's in-place reload logs at every update
+    (model_loader/reload/layerwise.py). The rotary layer's cos/sin cache is a buffer vLLM counts as loadable;
+    no checkpoint holds it (it is computed from the config), and vLLM puts the computed cache back when nothing
+    was loaded. No weight is missed: the logprob-after-update tests compare with a PyTorch forward."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "RotaryEmbedding: Failed to load weights"
+
+
+# This module is imported in vLLM's worker process (the worker extension), where the reload runs.
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNotice())
 
 
 def _aligned(nbytes: int) -> int:

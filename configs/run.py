@@ -92,6 +92,10 @@ class LoggingConfig:
     """wandb run name (empty: derived from output_dir)."""
     progress_bar: bool = spec(True)
     """Show the progress bar."""
+    verbose: bool = spec(False)
+    """Show every role's own output (vLLM, Ray, DeepSpeed, per-episode lines) in the terminal; by default it
+    goes to `<output_dir>/logs/<role>.log` and the terminal shows the progress bar, warnings and errors.
+    `--verbose` on the command line sets it."""
     log_every: int = spec(1, ge=1)
     """Log metrics every this many steps."""
 

@@ -1,5 +1,7 @@
 """Entry points (train, eval, bench, splits, env_server), Ray wiring and placement.
 
+A role's process sends its output to its own log file from here on (core.role_log).
+
 Ray reads its listening settings when it is *imported*, not when it starts, so the loopback defaults are set
 here, before any launch module can import Ray: a local Ray then listens on 127.0.0.1 only. Token
 authentication is switched off only for a local Ray, never for a run that joins a cluster.
@@ -15,7 +17,10 @@ _ROOT = str(_Path(__file__).resolve().parents[1])
 if _ROOT not in _sys.path:
     _sys.path.insert(0, _ROOT)
 
+from core.role_log import capture_output as _capture_output  # noqa: E402
 from launch.ray_cluster import ray_env_defaults as _ray_env_defaults  # noqa: E402
+
+_capture_output()  # a role's process (e.g. a generator replica): its output goes to its log file
 
 for _key, _value in _ray_env_defaults().items():
     _os.environ.setdefault(_key, _value)

@@ -22,8 +22,12 @@ def parse(argv: Sequence[str] | None, prog: str, description: str) -> tuple[Root
     parser.add_argument("--config", default=None, help="YAML recipe (default: configs/default.yaml)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--explain", action="store_true", help="list every config key with its meaning and exit")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every role's own output (vLLM, Ray, DeepSpeed) here instead of <output_dir>/logs/")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.num_actors=4")
     args = parser.parse_args(argv)
+    if args.verbose:
+        args.overrides = [*args.overrides, "logging.verbose=true"]
     if args.explain:
         for key, default, doc in explain():
             print(f"{key} = {default}\n    {doc}")

@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N items of each split")
     parser.add_argument("--out", default="outputs/eval")
     parser.add_argument("--config", default=None)
+    parser.add_argument("--verbose", action="store_true", help="show the roles' own output here, not in <out>/logs/")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    extra = [f"model.path={model_folder(args.model)}"]
+    extra = [f"model.path={model_folder(args.model)}"] + (["logging.verbose=true"] if args.verbose else [])
     for key, value in (("eval.split", args.split), ("eval.samples", args.samples),
                        ("eval.temperature", args.temperature), ("eval.limit", args.limit)):
         if value is not None:
@@ -90,12 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     from launch.ray_cluster import connect, shutdown
     from actors.policy_client import PolicyClient
 
-    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace)
+    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose)
     generators = []
     try:
         model_dir = resolve_model(cfg.model.path, cfg.model.cache_dir)
         generators = start_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
-                                      max_model_len=cfg.rollout.max_context_tokens)
+                                      max_model_len=cfg.rollout.max_context_tokens,
+                                      log_dir=None if cfg.logging.verbose else str(Path(args.out).resolve() / "logs"))
         roles = EvalRoles(model_dir, generators, PolicyClient(generators))
         evaluate_with(cfg, roles, Path(args.out), model_name=args.model, skipped=skipped)
     finally:

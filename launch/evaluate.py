@@ -109,6 +109,18 @@ def _fraction(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
+def summary(report: dict) -> str:
+    """A few lines for the terminal: success rate and score per family."""
+    lines = [f"evaluation ({report['split']} split, {report['samples']} sample(s) per item, temperature "
+             f"{report['temperature']}, {report['minutes']:.1f} min):"]
+    for fam in report["envs"]:
+        if fam["episodes"]:
+            lines.append(f"  {fam['family']}: {fam['episodes']} episodes, success rate {fam['success_rate']:.3f}, "
+                         f"score {fam['score']:.3f}, valid actions {_fraction(fam['valid_action_frac'])}, "
+                         f"lost {fam['lost_episodes']}")
+    return "\n".join(lines)
+
+
 def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "eval_report.json"
@@ -147,7 +159,7 @@ def evaluate_with(cfg: RootConfig, roles: Any, out_dir: Path, model_name: str = 
     envs = [e for e in cfg.eval.envs]
     env_cfg = dataclasses.replace(cfg.env, mix={e: 1.0 for e in envs})
     pools = PoolSupervisor(env_cfg, roles.policy, str(roles.model_dir), eval_limits(cfg), receiver.endpoint,
-                           name="eval-pool")
+                           name="eval-pool", log_dir=None if cfg.logging.verbose else str(out_dir.resolve() / "logs"))
     try:
         pools.wait_ready()
         results = []
@@ -162,6 +174,6 @@ def evaluate_with(cfg: RootConfig, roles: Any, out_dir: Path, model_name: str = 
               "temperature": cfg.eval.temperature, "minutes": (time.monotonic() - started) / 60, "envs": results,
               "skipped": skipped or {}}
     json_path, md_path = write_report(report, out_dir)
-    print(md_path.read_text())
+    print(summary(report) + f"\nfull report (by level or task): {md_path}")
     log.info("eval report: %s, %s", json_path, md_path)
     return report

@@ -27,7 +27,7 @@ from typing import Any
 from actors.generator import Generator
 from configs.generation import GeneratorConfig
 from core.curve import CurveClient
-from launch.placement import isolate_gpus, visibility_problem
+from launch.placement import isolate_gpus, visibility_problem, with_role_log
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,6 +81,11 @@ class Replica(Generator):
         super().__init__(model_path, cfg, wait_for_weights=restarted, **kwargs)
 
 
+def ray_name(name: str, tag: str) -> str | None:
+    """The Ray actor name of replica `name` started under `tag` (None, unnamed, without a tag)."""
+    return f"{tag}.{name}" if tag else None
+
+
 def replica_names(n: int, prefix: str = "generator") -> list[str]:
     """The names of the first `n` replicas (they also name their weights-channel keys)."""
     return [f"{prefix}-{i}" for i in range(n)]
@@ -88,15 +93,18 @@ def replica_names(n: int, prefix: str = "generator") -> list[str]:
 
 def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str, max_model_len: int,
                      weights_endpoint: str = "", initial_version: int = 0, name_prefix: str = "generator",
-                     timeout_s: float = 900.0, weights_curve: dict[str, CurveClient] | None = None) -> list[Any]:
+                     timeout_s: float = 900.0, weights_curve: dict[str, CurveClient] | None = None,
+                     log_dir: str | None = None, actor_tag: str = "") -> list[Any]:
     """Start `cfg.num_replicas` generator actors, wait until each engine is ready, subscribe them to weights.
-    `weights_curve`: each replica's CURVE credentials by name (`<name_prefix>-<i>`), when the channel has them."""
+    `weights_curve`: each replica's CURVE credentials by name (`<name_prefix>-<i>`), when the channel has them.
+    `log_dir`: each replica's output goes to `<log_dir>/<name>.log` (None: to the driver's terminal).
+    `actor_tag`: replicas get the Ray actor names `ray_name(name, actor_tag)` (unique per start when it is)."""
     import ray
 
     remote_cls = ray.remote(Replica)
     launches = replica_launches(cfg, name_prefix)
     names = [r.name for r in launches]
-    handles = [remote_cls.options(**r.options).remote(
+    handles = [remote_cls.options(name=ray_name(r.name, actor_tag), **with_role_log(r.options, log_dir, r.name)).remote(
         str(model_dir), r.cfg, dtype=dtype, max_model_len=max_model_len, name=r.name,
         initial_version=initial_version, replica_index=r.index) for r in launches]
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)

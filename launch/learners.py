@@ -36,7 +36,7 @@ from core.batching import TrainSample, shard  # noqa: E402
 from core.curve import CurveServer  # noqa: E402
 from core.trajectory import Trajectory  # noqa: E402
 from core.weights_channel import TensorBytes  # noqa: E402
-from launch.placement import learner_bundle, learner_rank_options, visibility_problem  # noqa: E402
+from launch.placement import learner_bundle, learner_rank_options, visibility_problem, with_role_log  # noqa: E402
 
 log = logging.getLogger("agentgym.learners")
 LOOPBACK = "127.0.0.1"
@@ -79,7 +79,8 @@ class LearnerGroup:
                  sampling_temperature: float = 1.0, weights_host: str | None = LOOPBACK,
                  weights_port: int = 0, weights_chunk_bytes: int = 64 << 20, name: str = "learner",
                  setup_timeout_s: float = 900.0, weights_curve: CurveServer | None = None,
-                 weights_subscribers: list[str] | None = None, weights_stall_timeout_s: float = 60.0):
+                 weights_subscribers: list[str] | None = None, weights_stall_timeout_s: float = 60.0,
+                 log_dir: str | None = None):
         """Start `learner.num_ranks` actors and set them up (loads the model; blocks until ready).
         `weights_host` None: no weights publisher (e.g. a benchmark). `weights_curve`: the publisher's CURVE
         keys and the subscribers it admits; `weights_subscribers`: the names it accepts without CURVE."""
@@ -92,8 +93,9 @@ class LearnerGroup:
             ray.get(self._pg.ready(), timeout=setup_timeout_s)
             remote = ray.remote(Learner)
             self.actors = [
-                remote.options(**learner_rank_options(learner, rank, name, PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=rank)))
+                remote.options(**with_role_log(learner_rank_options(
+                    learner, rank, name, PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank)),
+                    log_dir, f"{name}-{rank}"))
                 .remote(rank, n, str(model_path), dtype, learner, algorithm, sampling_temperature)
                 for rank in range(n)]
             _check_visibility(self.actors, learner.num_gpus_per_rank)

@@ -24,6 +24,7 @@ from typing import Any
 
 from configs.env import EnvConfig
 from configs.learner import LearnerConfig
+from core.role_log import ROLE_LOG
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 MIN_BUNDLE_CPUS = 0.01  # a placement-group bundle may not be empty
@@ -43,6 +44,18 @@ def isolate_gpus(options: dict[str, Any]) -> dict[str, Any]:
         return out
     env_vars[VISIBLE_DEVICES] = ""
     runtime_env["env_vars"] = env_vars
+    out["runtime_env"] = runtime_env
+    return out
+
+
+def with_role_log(options: dict[str, Any], log_dir: str | None, name: str) -> dict[str, Any]:
+    """A copy of actor `options` whose process writes its output to `<log_dir>/<name>.log` (core.role_log);
+    `log_dir` None or "": unchanged (the output goes to the driver's terminal, as with `--verbose`)."""
+    if not log_dir:
+        return options
+    out = copy.deepcopy(options)
+    runtime_env = dict(out.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), ROLE_LOG: os.path.join(log_dir, f"{name}.log")}
     out["runtime_env"] = runtime_env
     return out
 

@@ -36,7 +36,7 @@ from core.env import Env
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec
 from environments.item_sampler import family_of
-from launch.placement import pool_actor_options
+from launch.placement import pool_actor_options, with_role_log
 
 log = logging.getLogger("agentgym.pools")
 
@@ -50,15 +50,15 @@ class PoolSupervisor:
     def __init__(self, env_cfg: Any, policy: Policy, tokenizer_dir: str, limits: EpisodeLimits,
                  trajectory_endpoint: str | None, num_actors: int | None = None, name: str = "envpool",
                  send_timeout_s: float | None = 600.0, env_factory: Callable[[str, Any], Env] | None = None,
-                 trajectory_curve: dict[str, CurveClient] | None = None):
+                 trajectory_curve: dict[str, CurveClient] | None = None, log_dir: str | None = None):
         """`trajectory_curve`: each actor's CURVE credentials by name (`<name>-<k>`), when the channel has them."""
         self.env_cfg = env_cfg
         count = num_actors or env_cfg.num_actors
         self.names = pool_names(count, name)
-        remote = ray.remote(EnvPool).options(**pool_actor_options(env_cfg))  # no GPU visible, SPREAD
-        self.actors = [remote.remote(env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint, actor_name,
-                                     send_timeout_s, env_factory,
-                                     trajectory_curve=trajectory_curve[actor_name] if trajectory_curve else None)
+        remote, options = ray.remote(EnvPool), pool_actor_options(env_cfg)  # no GPU visible, SPREAD
+        self.actors = [remote.options(**with_role_log(options, log_dir, actor_name)).remote(
+                           env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint, actor_name, send_timeout_s,
+                           env_factory, trajectory_curve=trajectory_curve[actor_name] if trajectory_curve else None)
                        for actor_name in self.names]
         self._in_flight: list[dict[str, EpisodeSpec]] = [{} for _ in range(count)]
         self._incarnations: list[str | None] = [None] * count

@@ -5,6 +5,7 @@ and otherwise starts a local Ray that listens on 127.0.0.1 only.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -33,9 +34,10 @@ def ray_env_defaults(argv: list[str] | None = None, environ: dict | None = None)
 
 
 def connect(address: str = "", num_cpus: int = 0, namespace: str = "agentgym-rl",
-            runtime_env: dict | None = None, num_gpus: int | None = None) -> str:
+            runtime_env: dict | None = None, num_gpus: int | None = None, quiet: bool = False) -> str:
     """Join or start Ray; returns "local" or the address joined. Safe to call twice. `num_gpus`: the GPUs a
-    local Ray declares (None: the ones it detects)."""
+    local Ray declares (None: the ones it detects). `quiet`: Ray's own INFO lines in this process are not
+    printed (its warnings are)."""
     address = address or os.environ.get("RAY_ADDRESS", "")
     defaults = ray_env_defaults([f"ray.address={address}"] if address else [])
     for key, value in defaults.items():
@@ -45,11 +47,12 @@ def connect(address: str = "", num_cpus: int = 0, namespace: str = "agentgym-rl"
     if ray.is_initialized():
         return "existing"
     if address:
-        ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)
+        ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True,
+                 logging_level=logging.WARNING if quiet else logging.INFO)
         return address
     ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, namespace=namespace,
              _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=runtime_env,
-             log_to_driver=True)
+             log_to_driver=True, logging_level=logging.WARNING if quiet else logging.INFO)
     return "local"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,14 @@ def check_resources(cfg: RootConfig, have: dict[str, float] | None = None) -> No
                              f"Ray cluster has {have.get(resource, 0):g}; lower those counts or add nodes")
 
 
+def role_log_dir(cfg: RootConfig) -> str | None:
+    """Where each role's output goes (`<output_dir>/logs/`), or None when `logging.verbose` sends it to the
+    terminal."""
+    if cfg.logging.verbose:
+        return None
+    return str(Path(cfg.trainer.output_dir).resolve() / "logs")
+
+
 def transport_keys(cfg: RootConfig) -> RunKeys | None:
     """The run's CURVE keys when its channels need them (transport.auth, see configs.run), made in memory."""
     if not cfg.transport.uses_curve():
@@ -101,19 +110,22 @@ class Roles:
     def start(cls, cfg: RootConfig, model_dir: Path, trajectory_endpoint: str, limits: EpisodeLimits,
               resume_learner: Path | None = None, keys: RunKeys | None = None) -> "Roles":
         """Start every role. `keys`: the run's CURVE keys (core.curve), None when the channels go without."""
-        from launch.generators import replica_names, start_generators
+        from launch.generators import ray_name, replica_names, start_generators
         from launch.learners import LearnerGroup
         from launch.pools import PoolSupervisor, pool_names
         from actors.policy_client import PolicyClient
 
         check_resources(cfg)
+        log_dir = role_log_dir(cfg)
+        tag = f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this start's replicas, by name (PolicyClient)
         t = cfg.transport
         replicas = replica_names(cfg.generator.num_replicas)
         learners = LearnerGroup(model_dir, cfg.model.dtype, cfg.learner, cfg.algorithm,
                                 sampling_temperature=cfg.rollout.temperature, weights_host=t.host,
                                 weights_port=t.weights_port, weights_chunk_bytes=t.weights_chunk_mb << 20,
                                 weights_curve=keys.weights_server_side(replicas) if keys else None,
-                                weights_subscribers=replicas, weights_stall_timeout_s=t.weights_stall_timeout_s)
+                                weights_subscribers=replicas, weights_stall_timeout_s=t.weights_stall_timeout_s,
+                                log_dir=log_dir)
         generators, pools = [], None
         try:
             if resume_learner is not None:
@@ -122,15 +134,17 @@ class Roles:
             curves = {n: keys.weights_client(n) for n in replicas} if keys else None
             generators = start_generators(
                 model_dir, cfg.generator, dtype=cfg.model.dtype, max_model_len=cfg.rollout.max_context_tokens,
-                weights_endpoint=endpoint, weights_curve=curves)
+                weights_endpoint=endpoint, weights_curve=curves, log_dir=log_dir, actor_tag=tag)
             learners.wait_for_subscribers(len(generators), timeout_s=120)
             watch = GeneratorWatch(generators, endpoint, [curves[n] if curves else None for n in replicas],
                                    cfg.generator.recovery_wait_s)
             watch.check()
-            policy = PolicyClient(generators, recovery_wait_s=cfg.generator.recovery_wait_s)
+            policy = PolicyClient(generators, recovery_wait_s=cfg.generator.recovery_wait_s,
+                                  names=[ray_name(n, tag) for n in replicas])
             names = pool_names(cfg.env.num_actors)
             pools = PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint,
-                                   trajectory_curve={n: keys.trajectory_client(n) for n in names} if keys else None)
+                                   trajectory_curve={n: keys.trajectory_client(n) for n in names} if keys else None,
+                                   log_dir=log_dir)
             pools.wait_ready()
         except BaseException:
             cls._stop_parts(learners, generators, pools)

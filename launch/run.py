@@ -42,7 +42,7 @@ def run_training(cfg: RootConfig) -> int:
 
 
 def _attempts(cfg: RootConfig, out: Path) -> int:
-    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace)
+    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose)
     from launch.session import TrainingSession  # after Ray is up: it imports the roles
 
     current: list = []  # the session of the attempt in progress, for the signal handler
