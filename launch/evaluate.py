@@ -40,6 +40,11 @@ def eval_specs(cfg: RootConfig, family: str) -> list[EpisodeSpec]:
                         horizon=horizon) for item in items for k in range(cfg.eval.samples)]
 
 
+def eval_turns(cfg: RootConfig) -> int:
+    """The most turns the evaluation can take: its episodes times their turn limit."""
+    return sum(len(specs) * specs[0].horizon for specs in (eval_specs(cfg, f) for f in cfg.eval.envs) if specs)
+
+
 def eval_limits(cfg: RootConfig) -> EpisodeLimits:
     return EpisodeLimits(max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
                          max_context_tokens=cfg.rollout.max_context_tokens, temperature=cfg.eval.temperature,

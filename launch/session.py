@@ -20,6 +20,7 @@ from core.rollout import EpisodeLimits
 from core.staleness import StalenessGate
 from core.transport import TrajectoryReceiver
 from environments.item_sampler import mix_sampler
+from launch.evaluate import eval_turns
 from launch.progress import Progress
 from launch.pools import pool_names
 from launch.roles import Roles, advertised, transport_keys
@@ -111,7 +112,8 @@ class TrainingSession:
         self.state.wandb_run_id = getattr(self.wandb, "run_id", "")
         self.trained_log = open(self.out / "trained.jsonl", "a")
         self.groups_log = open(self.out / "groups.jsonl", "a")
-        self.progress = Progress(cfg.trainer.total_steps, self.state.step, enabled=cfg.logging.progress_bar)
+        self.progress = Progress(cfg.trainer.total_steps, self.state.step, enabled=cfg.logging.progress_bar,
+                                 eval_turns=eval_turns(cfg) if cfg.eval.at_end else 0)
         gate = StalenessGate(cfg.trainer.max_staleness, cfg.trainer.groups_per_step,
                              started=self.state.step * cfg.trainer.groups_per_step)
         slots = cfg.env.num_actors * cfg.env.slots_per_actor
