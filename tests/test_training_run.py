@@ -181,7 +181,7 @@ def test_a_killed_generator_replica_is_restarted_and_the_run_finishes(tiny_model
 def test_a_killed_learner_rank_is_rebuilt_in_the_job_from_the_last_checkpoint(tiny_model_dir, tmp_path):
     out, log = tmp_path / "run", tmp_path / "train.log"
     run = ["trainer.total_steps=5", "checkpoint.every_steps=2", "eval.at_end=false", "trainer.max_failures=2"]
-    proc = start(train_command(tiny_model_dir, out, *run), log)
+    proc = start(train_command(tiny_model_dir, out, *run, "--verbose"), log)
     wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= 3, 600, proc, log)
     os.kill(json.loads((out / "pids.json").read_text())["Learner"][0], signal.SIGKILL)
     assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
@@ -197,3 +197,4 @@ def test_a_killed_learner_rank_is_rebuilt_in_the_job_from_the_last_checkpoint(ti
     metrics = read_jsonl(out / "metrics.jsonl")
     assert all(m["rollout/horizon_stage"] == schedule.stage_at(m["step"]) for m in metrics)
     assert metrics[-1]["recovery/failures"] == 1
+    assert "LLM engine" in text and not (out / "logs").exists()  # --verbose: the roles' own output, here
