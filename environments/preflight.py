@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from environments.item_sampler import family_items
-from environments.registry import get_family
+from environments.registry import family_config, get_family
 
 
 def preflight(env_cfg: Any, splits: Iterable[str]) -> list[str]:
@@ -31,5 +31,6 @@ def preflight(env_cfg: Any, splits: Iterable[str]) -> list[str]:
             continue
         check = get_family(name).extras.get("preflight")
         if check is not None:
-            problems += [f"env.mix.{name}: {p}" for p in check(getattr(env_cfg, name), list(dict.fromkeys(items)))]
+            found = check(family_config(name, env_cfg), list(dict.fromkeys(items)))
+            problems += [f"env.mix.{name}: {p}" for p in found]
     return problems
