@@ -96,8 +96,9 @@ class Generator:
             self._expected_sent = {**self._expected, "lm_head.weight": self._expected["model.embed_tokens.weight"]}
         else:
             self._expected_sent = dict(self._expected)
-        # Learners send float32 (4-byte) tensors; a first version of another width just re-creates the file.
-        self._staging.reserve(staged_nbytes(self._expected_sent, 4))
+        # Learners send the run's model dtype (model.dtype, as this engine loads it): the staging file is sized
+        # for it (half the bytes in bf16); a first version of another width just re-creates the file.
+        self._staging.reserve(staged_nbytes(self._expected_sent, 2 if dtype == "bfloat16" else 4))
         self._update_lock = asyncio.Lock()
         self._gate = UpdateGate(name, cfg.update_wait_s)  # holds requests while an update is in progress
         self._broken = ""  # set when a load failed half-way: the weights are in an unknown state

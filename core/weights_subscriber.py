@@ -150,8 +150,9 @@ class WeightSubscriber:
         self._sock.connect(endpoint)
         self._sock.send_multipart([b"H", msgpack.packb({"name": self.name})])
         self._assembly: _Assembly | None = None
-        # Double buffering: the version handed out last stays untouched; the one before it lends its buffers
-        # to the next assembly, so steady-state updates allocate (and page-fault) nothing.
+        # One buffer set: the version handed out stays untouched until the next `poll`, which lends its buffers
+        # to the next assembly, so steady-state updates allocate (and page-fault) nothing and a subscriber holds
+        # one model's worth of bytes. A consumer applies (copies) a version before it polls again.
         self._handed_out: dict[str, np.ndarray] = {}
         self._spare: dict[str, np.ndarray] = {}
         self.latest_version = -1
@@ -159,7 +160,10 @@ class WeightSubscriber:
         self.abandoned = 0
 
     def poll(self, timeout_ms: int | None = 0) -> WeightSet | None:
-        """Receive chunks until a version is complete (returned) or `timeout_ms` passes (None)."""
+        """Receive chunks until a version is complete (returned) or `timeout_ms` passes (None). The version
+        returned before is released: its arrays may be overwritten from now on."""
+        self._spare.update(self._handed_out)
+        self._handed_out = {}
         for parts in messages(self._sock, timeout_ms):
             try:
                 done = self._accept([p.buffer for p in parts])
@@ -172,6 +176,13 @@ class WeightSubscriber:
             if done is not None:
                 return done
         return None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of receive buffers this subscriber holds now (handed out, spare and being assembled)."""
+        sets = [self._handed_out, self._spare] + ([{n: b for n, (_, _, b) in self._assembly.buffers.items()}]
+                                                  if self._assembly is not None else [])
+        return sum(b.nbytes for held in sets for b in held.values())
 
     @property
     def dropped(self) -> int:
@@ -199,7 +210,7 @@ class WeightSubscriber:
         if not current.complete():
             return None
         done = current.result()
-        self._spare, self._handed_out = self._handed_out, {n: b for n, (_, _, b) in current.buffers.items()}
+        self._handed_out = {n: b for n, (_, _, b) in current.buffers.items()}
         self._assembly = None
         self.latest_version = version
         return done

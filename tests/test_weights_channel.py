@@ -124,6 +124,22 @@ def test_a_newer_version_supersedes_a_partial_one_and_old_chunks_are_ignored():
     fake.close(0)
 
 
+def test_a_subscriber_holds_one_model_worth_of_receive_buffers():
+    fake, endpoint = _fake_publisher()
+    sub = WeightSubscriber(endpoint, name="g")
+    peer = fake.recv_multipart()[0]
+    seen = []
+    for version in range(1, 5):
+        fake.send_multipart([peer] + _chunk(version, 0, 2, 0, np.full(2, float(version)), 16))
+        fake.send_multipart([peer] + _chunk(version, 1, 2, 8, np.full(2, float(version)), 16))
+        ws = receive(sub, 5000)
+        seen.append(list(as_array(ws.tensors["w"])))  # applied (copied) before the next poll, as a generator does
+        assert sub.held_bytes == 16, sub.held_bytes  # one set: the version handed out; nothing kept beside it
+    assert seen == [[float(v)] * 4 for v in range(1, 5)]
+    sub.close()
+    fake.close(0)
+
+
 def test_malformed_chunks_are_dropped_and_counted():
     fake_pub, endpoint = _fake_publisher()
     sub = WeightSubscriber(endpoint, name="g")
