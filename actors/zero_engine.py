@@ -96,7 +96,9 @@ def _is_partitioned(t: torch.Tensor) -> bool:
 
 
 def _as_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
-    cpu = t.detach().to("cpu").contiguous().clone()
+    # One copy to host memory, from a GPU or a CPU tensor alike (the parameter changes at the next step, so a
+    # CPU tensor is copied too); `.to("cpu").clone()` would copy a GPU tensor twice.
+    cpu = t.detach().to("cpu", copy=True).contiguous()
     raw = cpu.reshape(-1).view(torch.uint8).numpy()
     return str(cpu.dtype).removeprefix("torch."), tuple(cpu.shape), memoryview(raw)
 
