@@ -17,6 +17,8 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
+    item_id: str = ""  # the episode's item and sample: a policy that samples nothing (the random baseline)
+    sample_index: int = 0  # seeds itself from them; generators ignore both
 
 
 @dataclass

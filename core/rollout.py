@@ -104,7 +104,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             try:
                 gen = await policy.generate(GenerationRequest(
                     prompt_ids=list(b.tokens), max_tokens=min(limits.max_tokens_per_turn, room),
-                    session_id=spec.trajectory_id, temperature=limits.temperature, top_p=limits.top_p))
+                    session_id=spec.trajectory_id, temperature=limits.temperature, top_p=limits.top_p,
+                    item_id=spec.item_id, sample_index=spec.sample_index))
             except PolicyLost:  # its replica died (logged once by the policy client): regenerated, not trained
                 termination = Termination.LOST
                 break

@@ -6,7 +6,8 @@ from typing import Any
 from core.env import Env, run_sync_env
 from environments.babyai.env import BabyAIEnv
 from environments.babyai.levels import LEVELS, level_of
-from environments.babyai.scripted import scripted_reply
+from environments.babyai.macros import CHECK
+from environments.babyai.scripted import available_actions, scripted_reply
 from environments.registry import Family
 
 
@@ -26,6 +27,12 @@ def select_items(cfg: Any, item_ids: list[str]) -> list[str]:
     return [i for i in item_ids if level_of(i) in wanted]
 
 
+def listed_actions(conversation: str) -> list[str]:
+    """The actions of the latest `Available actions: [...]` listing, without `check available actions` (it only
+    lists them again: a baseline choosing it would spend a turn and change nothing)."""
+    return [a for a in available_actions(conversation) if a != CHECK]
+
+
 FAMILY = Family(
     name="babyai",
     make_env=make_env,
@@ -38,5 +45,6 @@ FAMILY = Family(
         "contract_items": ["babyai_0", "babyai_11", "babyai_21", "babyai_39"],
         "select_items": select_items,
         "item_label": level_of,  # eval reports break results down by level
+        "available_actions": listed_actions,  # the random baseline chooses among them
     },
 )

@@ -5,6 +5,7 @@ from typing import Any
 
 from core.env import Env, run_sync_env
 from environments.registry import Family
+from environments.textcraft.actions import available_actions
 from environments.textcraft.env import TextCraftEnv
 from environments.textcraft.scripted import scripted_reply
 
@@ -32,5 +33,6 @@ FAMILY = Family(
         "scripted_reply": scripted_reply,
         "contract_items": ["textcraft_0", "textcraft_300", "textcraft_543"],
         "item_label": item_label,  # eval reports break results down by recipe depth
+        "available_actions": available_actions,  # the random baseline chooses among them
     },
 )
