@@ -126,3 +126,9 @@ class EvalConfig:
     """Turn limit during eval (0: the family's reference limit)."""
     at_end: bool = spec(True)
     """Run an evaluation when training ends."""
+    item_set: str = spec("split", choices=("split", "unseen"))
+    """Items to evaluate: `split` (eval.split's items) or `unseen` (BabyAI: ids in no train or test split, of the
+    levels of env.babyai.levels; eval.limit of them, 0: 30 per level)."""
+    baselines: bool = spec(True)
+    """Report baselines next to the model on the same items: the random policy (cheap, no model) and the untrained
+    model (a training run evaluates its base weights before its first step: one more evaluation's generation)."""

@@ -3,11 +3,17 @@
 `--model` takes the default model, a Hugging Face folder, a checkpoint (`.../checkpoints/step_00000030`, whose
 `policy/` folder holds the trained weights) or a run's checkpoints folder (its latest complete checkpoint).
 `--env all` evaluates every family whose prerequisites are met here (WebArena needs its sites' URLs).
-Writes eval_report.json and eval_report.md to `--out` and prints the Markdown.
+`--policy random` evaluates the random baseline alone (no model: a uniform choice among the actions the env
+lists); families whose observations list no actions are refused. With `--policy model` (the default) the report
+also has, on the same items, the untrained model (`--baseline-model`, by default the base model of the training
+run the checkpoint comes from; without either the row is left out with a note) and the random policy, unless
+eval.baselines=false. `--items unseen` evaluates unseen seeds of the training levels (eval.item_set).
+Writes eval_report.json and eval_report.md to `--out` and prints a short summary.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -50,6 +56,17 @@ def families_for(env: str, own: tuple[str, ...] = ()) -> tuple[list[str], dict[s
     return [f for f in FAMILIES if f not in skipped] + list(own), skipped
 
 
+def run_base_model(model: str) -> str:
+    """The base model of the training run a checkpoint (or its checkpoints folder) comes from, when the run
+    recorded it (`<run>/model.json`); empty otherwise."""
+    path = Path(model).resolve()
+    for run_dir in (path.parent.parent, path.parent):  # <run>/checkpoints/step_N, or <run>/checkpoints
+        record = run_dir / "model.json"
+        if (run_dir / "checkpoints").is_dir() and record.is_file():
+            return json.loads(record.read_text()).get("base", "")
+    return ""
+
+
 @dataclass
 class EvalRoles:
     model_dir: Path
@@ -62,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default="babyai", help="a family, a comma list, or all")
     parser.add_argument("--split", default=None, choices=("train", "test"))
     parser.add_argument("--model", default="default")
+    parser.add_argument("--policy", default="model", choices=("model", "random"),
+                        help="random: the random baseline alone, no model")
+    parser.add_argument("--baseline-model", default=None,
+                        help="the untrained model's row (default: the base of the checkpoint's training run)")
+    parser.add_argument("--items", default=None, choices=("split", "unseen"), help="eval.item_set")
     parser.add_argument("--samples", type=int, default=None, help="samples per item (k)")
     parser.add_argument("--temperature", type=float, default=None, help="0 is greedy")
     parser.add_argument("--limit", type=int, default=None, help="only the first N items of each split")
@@ -72,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     extra = [f"model.path={model_folder(args.model)}"] + (["logging.verbose=true"] if args.verbose else [])
     for key, value in (("eval.split", args.split), ("eval.samples", args.samples),
-                       ("eval.temperature", args.temperature), ("eval.limit", args.limit)):
+                       ("eval.temperature", args.temperature), ("eval.limit", args.limit),
+                       ("eval.item_set", args.items)):
         if value is not None:
             extra.append(f"{key}={value}")
     try:
@@ -82,29 +105,82 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"launch.eval: config error: {exc}", file=sys.stderr)
         return 2
+    if args.policy == "random":
+        from actors.random_policy import random_refusal
+
+        if args.env == "all":  # every family that can: the others are skipped, saying why
+            for family in [f for f in envs if random_refusal([f])]:
+                envs.remove(family)
+                skipped[family] = "its observations list no actions for the random policy"
+            cfg = load_config(args.config, [*args.overrides, *extra, f"eval.envs={envs}"])
+        refusal = random_refusal(envs)
+        if refusal:
+            print(f"launch.eval: --policy random: {refusal}", file=sys.stderr)
+            return 2
     for family, reason in skipped.items():
         print(f"launch.eval: skipping {family}: {reason}", file=sys.stderr)
 
-    from core.models import resolve_model
-    from launch.evaluate import evaluate_with
-    from launch.generators import start_generators, stop_generators
     from launch.ray_cluster import connect, shutdown
-    from actors.policy_client import PolicyClient
 
     connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose)
+    try:
+        if args.policy == "random":
+            evaluate_random(cfg, Path(args.out), skipped)
+        else:
+            base = args.baseline_model if args.baseline_model is not None else run_base_model(args.model)
+            evaluate_model(cfg, args, Path(args.out), skipped, base)
+    finally:
+        shutdown()
+    return 0
+
+
+def evaluate_random(cfg: Any, out: Path, skipped: dict[str, str]) -> None:
+    import time
+
+    from core.models import resolve_model
+    from launch.evaluate import RANDOM_DESCRIPTION, finish_report, random_rows
+
+    started = time.monotonic()
+    tokenizer_dir = resolve_model(cfg.model.path, cfg.model.cache_dir)  # renders the chat; nothing is sampled
+    rows, notes = random_rows(cfg, str(tokenizer_dir), out)
+    finish_report(cfg, {"random": rows}, {"random": RANDOM_DESCRIPTION}, out, started, skipped, notes)
+
+
+def _with_generators(cfg: Any, model: str, out: Path, work) -> Any:
+    """Start generators serving `model`, call `work(roles)`, stop them."""
+    from actors.policy_client import PolicyClient
+    from core.models import resolve_model
+    from launch.generators import start_generators, stop_generators
+
     generators = []
     try:
-        model_dir = resolve_model(cfg.model.path, cfg.model.cache_dir)
+        model_dir = resolve_model(model, cfg.model.cache_dir)
         generators = start_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
                                       max_model_len=cfg.rollout.max_context_tokens,
-                                      log_dir=None if cfg.logging.verbose else str(Path(args.out).resolve() / "logs"))
-        roles = EvalRoles(model_dir, generators, PolicyClient(generators))
-        evaluate_with(cfg, roles, Path(args.out), model_name=args.model, skipped=skipped)
+                                      log_dir=None if cfg.logging.verbose else str(out.resolve() / "logs"))
+        return work(EvalRoles(model_dir, generators, PolicyClient(generators)))
     finally:
         if generators:
             stop_generators(generators)
-        shutdown()
-    return 0
+
+
+def evaluate_model(cfg: Any, args: argparse.Namespace, out: Path, skipped: dict[str, str], base: str) -> None:
+    """The untrained model's rows first (its own generators), then the model's and the random policy's."""
+    from launch.evaluate import evaluate_rows, eval_limits, evaluate_with
+
+    untrained, notes = None, []
+    if not cfg.eval.baselines:
+        pass
+    elif not base:
+        notes.append("no untrained row: the base model is not known (give --baseline-model PATH)")
+    elif Path(model_folder(base)).resolve() == Path(cfg.model.path).resolve() or base == cfg.model.path:
+        notes.append("no untrained row: the model evaluated is the base model itself")
+    else:
+        untrained = _with_generators(cfg, model_folder(base), out, lambda roles: evaluate_rows(
+            cfg, roles.policy, str(roles.model_dir), out, list(cfg.eval.envs), eval_limits(cfg)))
+    _with_generators(cfg, cfg.model.path, out, lambda roles: evaluate_with(
+        cfg, roles, out, model_name=args.model, skipped=skipped, untrained=untrained,
+        untrained_name=base, notes=notes))
 
 
 if __name__ == "__main__":

@@ -1,40 +1,49 @@
-"""Evaluation: run a split through generators and env pools, then write the report (JSON and Markdown).
+"""Evaluation: run the eval items through env pools with a policy, then write the report (launch/eval_report.py).
 
-Metrics, per env family (also defined in docs/training.md):
-- success_rate: the fraction of episodes that solved their task (BabyAI goal reached, TextCraft item crafted,
-  SciWorld score 100, Search exact match, WebArena evaluator passed).
-- score: the env's own reward summed over the episode, clipped to [0, 1] (BabyAI: 1 - 0.9 * steps/max_steps
-  on success; SciWorld: max(final score, 0) / 100; the others: 0 or 1). No format reward is ever added here.
-- raw_score: the env's native figure where it has one (SciWorld's final score, -100 to 100), else the score.
-- turns: agent turns taken. Terminations: why episodes ended (done, horizon, context_limit, env failures).
-With k samples per item, every sample counts as one episode; pass@k is the fraction of items with a success.
+The same items (`eval_specs`) are run for each policy in the report: the model, the untrained model (given by
+the caller: a training run evaluates its base weights before its first step, launch.eval starts generators for
+the base model) and the random policy (actors/random_policy.py: no model, cheap), the last two when
+`eval.baselines` is on. The random policy is left out, with a note, for families that list no actions.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from configs.schema import RootConfig
-from core.metrics import valid_action_frac
 from core.rollout import EpisodeLimits, EpisodeSpec
 from core.trajectory import Trajectory
 from core.transport import TrajectoryReceiver
 from environments.item_sampler import family_items
 from environments.registry import get_family
+from environments.unseen import unseen_items
+from launch.eval_report import summarize, summary, write_report  # noqa: F401  (the report's API, also here)
 
 log = logging.getLogger("agentgym.eval")
 
+RANDOM_MIN_TOKENS_PER_TURN = 64  # the random policy's replies are never cut by a short per-turn limit
+
+
+def eval_items(cfg: RootConfig, family: str) -> list[str]:
+    """The items evaluated: eval.split's (its first eval.limit) or, for eval.item_set=unseen, ids in no split."""
+    if cfg.eval.item_set == "unseen":
+        return unseen_items(family, cfg.env, cfg.eval.limit)
+    items = family_items(family, cfg.env, cfg.eval.split)
+    return items[: cfg.eval.limit] if cfg.eval.limit else items
+
+
+def items_description(cfg: RootConfig) -> str:
+    if cfg.eval.item_set == "unseen":
+        return "unseen items (ids in no train or test split, of the run's levels)"
+    return f"split `{cfg.eval.split}`" + (f" (first {cfg.eval.limit} items)" if cfg.eval.limit else "")
+
 
 def eval_specs(cfg: RootConfig, family: str) -> list[EpisodeSpec]:
-    items = family_items(family, cfg.env, cfg.eval.split)
-    if cfg.eval.limit:
-        items = items[: cfg.eval.limit]
+    items = eval_items(cfg, family)
     horizon = cfg.eval.max_turns or get_family(family).reference_max_turns
     return [EpisodeSpec(trajectory_id=f"eval-{item}.s{k}", item_id=item, group_id=f"eval-{item}", sample_index=k,
                         horizon=horizon) for item in items for k in range(cfg.eval.samples)]
@@ -45,8 +54,9 @@ def eval_turns(cfg: RootConfig) -> int:
     return sum(len(specs) * specs[0].horizon for specs in (eval_specs(cfg, f) for f in cfg.eval.envs) if specs)
 
 
-def eval_limits(cfg: RootConfig) -> EpisodeLimits:
-    return EpisodeLimits(max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
+def eval_limits(cfg: RootConfig, random_policy: bool = False) -> EpisodeLimits:
+    tokens = cfg.rollout.max_tokens_per_turn
+    return EpisodeLimits(max_tokens_per_turn=max(tokens, RANDOM_MIN_TOKENS_PER_TURN) if random_policy else tokens,
                          max_context_tokens=cfg.rollout.max_context_tokens, temperature=cfg.eval.temperature,
                          top_p=cfg.rollout.top_p if cfg.eval.temperature > 0 else 1.0, format_reward=0.0,
                          instruction_role=cfg.rollout.instruction_role)
@@ -84,101 +94,71 @@ async def run_specs(pools: Any, receiver: TrajectoryReceiver, specs: list[Episod
     return [got[s.trajectory_id] for s in specs if s.trajectory_id in got], lost
 
 
-def _label(family: str, item_id: str) -> str:
-    hook = get_family(family).extras.get("item_label")
-    return hook(item_id) if hook else family
-
-
-def summarize(family: str, trajs: list[Trajectory], lost: int = 0) -> dict:
-    def row(group: list[Trajectory]) -> dict:
-        n = len(group)
-        score = [min(1.0, max(0.0, t.metrics.get("env_reward", 0.0))) for t in group]
-        raw = [t.metrics.get("score", s) for t, s in zip(group, score)]
-        items = collections.defaultdict(list)
-        for t in group:
-            items[t.item_id].append(t.metrics.get("success", 0.0))
-        return {"episodes": n, "success_rate": sum(t.metrics.get("success", 0.0) for t in group) / n,
-                "score": sum(score) / n, "raw_score": sum(raw) / n, "turns": sum(t.num_turns for t in group) / n,
-                "valid_action_frac": valid_action_frac(group),  # over judged turns; None: none judged
-                "pass_at_k": sum(max(v) for v in items.values()) / len(items),
-                "terminations": dict(collections.Counter(t.termination.value for t in group))}
-
-    by_label = collections.defaultdict(list)
-    for t in trajs:
-        by_label[_label(family, t.item_id)].append(t)
-    return {"family": family, "lost_episodes": lost, **(row(trajs) if trajs else {"episodes": 0}),
-            "breakdown": {k: row(v) for k, v in sorted(by_label.items())}}
-
-
-def _fraction(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def summary(report: dict) -> str:
-    """A few lines for the terminal: success rate and score per family."""
-    lines = [f"evaluation ({report['split']} split, {report['samples']} sample(s) per item, temperature "
-             f"{report['temperature']}, {report['minutes']:.1f} min):"]
-    for fam in report["envs"]:
-        if fam["episodes"]:
-            lines.append(f"  {fam['family']}: {fam['episodes']} episodes, success rate {fam['success_rate']:.3f}, "
-                         f"score {fam['score']:.3f}, valid actions {_fraction(fam['valid_action_frac'])}, "
-                         f"lost {fam['lost_episodes']}")
-    return "\n".join(lines)
-
-
-def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "eval_report.json"
-    json_path.write_text(json.dumps(report, indent=1, sort_keys=True))
-    lines = [f"# Evaluation: {report['model']}", "",
-             f"split `{report['split']}`, {report['samples']} sample(s) per item, temperature "
-             f"{report['temperature']}, {report['minutes']:.1f} min", "",
-             "| env | episodes | success rate | score [0,1] | raw score | turns | valid actions | pass@k | lost |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for fam in report["envs"]:
-        if fam["episodes"]:
-            lines.append(f"| {fam['family']} | {fam['episodes']} | {fam['success_rate']:.3f} | {fam['score']:.3f} | "
-                         f"{fam['raw_score']:.2f} | {fam['turns']:.1f} | {_fraction(fam['valid_action_frac'])} | "
-                         f"{fam['pass_at_k']:.3f} | {fam['lost_episodes']} |")
-    for fam in report["envs"]:
-        lines += ["", f"## {fam['family']}: by level or task", "",
-                  "| group | episodes | success rate | score | turns | terminations |", "|---|---|---|---|---|---|"]
-        for label, r in fam["breakdown"].items():
-            lines.append(f"| {label} | {r['episodes']} | {r['success_rate']:.3f} | {r['score']:.3f} | "
-                         f"{r['turns']:.1f} | {', '.join(f'{k} {v}' for k, v in sorted(r['terminations'].items()))} |")
-    for family, reason in report.get("skipped", {}).items():
-        lines.append(f"\nSkipped {family}: {reason}.")
-    lines += ["", "Metric definitions: see docs/training.md, section Metrics."]
-    md_path = out_dir / "eval_report.md"
-    md_path.write_text("\n".join(lines) + "\n")
-    return json_path, md_path
-
-
-def evaluate_with(cfg: RootConfig, roles: Any, out_dir: Path, model_name: str = "",
-                  skipped: dict[str, str] | None = None) -> dict:
-    """Evaluate `cfg.eval.envs` with the running generators, on fresh env pools with eval limits."""
+def evaluate_rows(cfg: RootConfig, policy: Any, tokenizer_dir: str, out_dir: Path, families: list[str],
+                  limits: EpisodeLimits, name: str = "eval-pool") -> list[dict]:
+    """Each family's figures for `policy` on the eval items, run on fresh env pools."""
     from launch.pools import PoolSupervisor
 
-    started = time.monotonic()
     receiver = TrajectoryReceiver(cfg.transport.host, 0, cfg.transport.hwm)
-    envs = [e for e in cfg.eval.envs]
-    env_cfg = dataclasses.replace(cfg.env, mix={e: 1.0 for e in envs})
-    pools = PoolSupervisor(env_cfg, roles.policy, str(roles.model_dir), eval_limits(cfg), receiver.endpoint,
-                           name="eval-pool", log_dir=None if cfg.logging.verbose else str(out_dir.resolve() / "logs"))
+    env_cfg = dataclasses.replace(cfg.env, mix={e: 1.0 for e in families})
+    pools = PoolSupervisor(env_cfg, policy, tokenizer_dir, limits, receiver.endpoint, name=name,
+                           log_dir=None if cfg.logging.verbose else str(out_dir.resolve() / "logs"))
     try:
         pools.wait_ready()
         results = []
-        for family in envs:
+        for family in families:
             trajs, lost = asyncio.run(run_specs(pools, receiver, eval_specs(cfg, family),
                                                 progress=cfg.logging.progress_bar))
             results.append(summarize(family, trajs, lost=len(lost)))
     finally:
         pools.shutdown()
         receiver.close()
-    report = {"model": model_name or str(roles.model_dir), "split": cfg.eval.split, "samples": cfg.eval.samples,
-              "temperature": cfg.eval.temperature, "minutes": (time.monotonic() - started) / 60, "envs": results,
-              "skipped": skipped or {}}
+    return results
+
+
+def random_rows(cfg: RootConfig, tokenizer_dir: str, out_dir: Path) -> tuple[list[dict], list[str]]:
+    """The random policy's figures for the families that list their actions, and a note for those that do not."""
+    from actors.random_policy import HOOK, RandomPolicy
+
+    families = [f for f in cfg.eval.envs if HOOK in get_family(f).extras]
+    notes = [f"no random row for {f}: its observations list no actions" for f in cfg.eval.envs if f not in families]
+    if not families:
+        return [], notes
+    policy = RandomPolicy(tokenizer_dir, cfg.env, seed=cfg.trainer.seed)
+    return evaluate_rows(cfg, policy, tokenizer_dir, out_dir, families, eval_limits(cfg, random_policy=True),
+                         name="eval-random-pool"), notes
+
+
+RANDOM_DESCRIPTION = "a uniform choice among the actions the env lists, seeded by item, sample and turn"
+
+
+def finish_report(cfg: RootConfig, rows: dict[str, list[dict]], policies: dict[str, str], out_dir: Path,
+                  started: float, skipped: dict[str, str] | None = None, notes: list[str] | None = None) -> dict:
+    """Assemble, write and print the report of `rows` (row name -> each family's figures)."""
+    report = {"model": policies.get("model") or "random policy", "split": cfg.eval.split,
+              "item_set": cfg.eval.item_set, "items": items_description(cfg), "samples": cfg.eval.samples,
+              "temperature": cfg.eval.temperature, "minutes": (time.monotonic() - started) / 60, "rows": rows,
+              "policies": policies, "notes": list(notes or []), "skipped": skipped or {}}
     json_path, md_path = write_report(report, out_dir)
     print(summary(report) + f"\nfull report (by level or task): {md_path}")
     log.info("eval report: %s, %s", json_path, md_path)
     return report
+
+
+def evaluate_with(cfg: RootConfig, roles: Any, out_dir: Path, model_name: str = "",
+                  skipped: dict[str, str] | None = None, untrained: list[dict] | None = None,
+                  untrained_name: str = "", notes: list[str] | None = None) -> dict:
+    """Evaluate `cfg.eval.envs` with the running generators, then (eval.baselines) the random policy; `untrained`:
+    the base model's figures on the same items, measured by the caller (None: no row, say why in `notes`)."""
+    started = time.monotonic()
+    notes = list(notes or [])
+    policies = {"model": model_name or str(roles.model_dir)}
+    rows = {"model": evaluate_rows(cfg, roles.policy, str(roles.model_dir), out_dir, list(cfg.eval.envs),
+                                   eval_limits(cfg))}
+    if untrained is not None:
+        rows["untrained"], policies["untrained"] = untrained, untrained_name or "the base model"
+    if cfg.eval.baselines:
+        rows["random"], random_notes = random_rows(cfg, str(roles.model_dir), out_dir)
+        policies["random"] = RANDOM_DESCRIPTION
+        notes += random_notes
+    return finish_report(cfg, rows, policies, out_dir, started, skipped, notes)

@@ -107,6 +107,7 @@ class TrainingSession:
         write_json(self.out / "placement.json", self.roles.placement())
         write_json(self.out / "pids.json", self.roles.pids())
         write_json(self.out / "transport.json", self._transport_record())
+        write_json(self.out / "model.json", {"base": cfg.model.path, "resolved": str(model_dir)})  # launch.eval
         self.metrics = JsonlSink(self.out / "metrics.jsonl")
         self.wandb = run_sink(cfg, self.out, self.state.wandb_run_id)
         self.state.wandb_run_id = getattr(self.wandb, "run_id", "")
@@ -128,6 +129,29 @@ class TrainingSession:
             episode_watch=EpisodeWatch(cfg.env.failing_window, cfg.env.failing_frac))
         if self._stop:
             self.coordinator.stop_requested = True
+        self.untrained, self.untrained_notes = self._untrained_rows()
+
+    def _untrained_rows(self) -> tuple[list[dict] | None, list[str]]:
+        """The base model's eval figures for the final report (eval.at_end and eval.baselines): measured now,
+        before the first step, while the generators hold the base weights (version 0), and kept in
+        eval/untrained.json so that a resumed run reuses them. Cost: one more evaluation's generation."""
+        cfg = self.cfg
+        if not (cfg.eval.at_end and cfg.eval.baselines):
+            return None, []
+        path = self.out / "eval" / "untrained.json"
+        if path.is_file():
+            return json.loads(path.read_text())["rows"], []
+        if self.resume_from is not None:
+            return None, ["no untrained row: the run resumed from a checkpoint made before its base model was "
+                          "evaluated"]
+        from launch.evaluate import eval_limits, evaluate_rows
+
+        log.info("evaluating the base model before the first step (eval.baselines), for the final report")
+        rows = evaluate_rows(cfg, self.roles.policy, str(self.roles.model_dir), self.out / "eval",
+                             list(cfg.eval.envs), eval_limits(cfg), name="eval-base-pool")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"model": cfg.model.path, "rows": rows})
+        return rows, []
 
     def _transport_record(self) -> dict:
         """Endpoints and server public keys (public keys are no secret; the key pairs never leave memory)."""
@@ -161,7 +185,9 @@ class TrainingSession:
             from launch.evaluate import evaluate_with
 
             evaluate_with(self.cfg, self.roles, self.out / "eval",
-                          model_name=f"{self.cfg.model.path} after {self.state.step} steps ({self.out.name})")
+                          model_name=f"{self.cfg.model.path} after {self.state.step} steps ({self.out.name})",
+                          untrained=getattr(self, "untrained", None), notes=getattr(self, "untrained_notes", []),
+                          untrained_name=f"{self.cfg.model.path}, base weights (evaluated before the first step)")
 
     def close(self) -> None:
         """Stop every role and close every file (once; a second call does nothing)."""

@@ -11,6 +11,9 @@ from environments.babyai.scripted import available_actions, scripted_reply
 from environments.registry import Family
 
 
+NUM_ITEMS = 900
+
+
 def make_env(cfg: Any) -> Env:
     """One BabyAI env from `env.babyai` (a configs.env.BabyAIConfig)."""
     return run_sync_env(BabyAIEnv(parse_mode=cfg.parse_mode, prompt=cfg.prompt))
@@ -27,6 +30,29 @@ def select_items(cfg: Any, item_ids: list[str]) -> list[str]:
     return [i for i in item_ids if level_of(i) in wanted]
 
 
+UNSEEN_PER_LEVEL = 30  # eval.item_set=unseen with eval.limit 0: this many seeds of each level
+
+
+def unseen_items(cfg: Any, taken: set[str], count: int) -> list[str]:
+    """`count` ids (0: 30 per level) of the levels of `cfg.levels` (all when empty) that are not in `taken`, seeds
+    upward from the first past the 900-id split space (seed 23), seed by seed through the levels in their
+    configured order, so any prefix is balanced across levels."""
+    levels = list(cfg.levels) or list(LEVELS)
+    unknown = sorted(set(levels) - set(LEVELS))
+    if unknown:
+        raise ValueError(f"env.babyai.levels: unknown level(s) {', '.join(unknown)}")
+    count = count or UNSEEN_PER_LEVEL * len(levels)
+    ids: list[str] = []
+    seed = -(-NUM_ITEMS // len(LEVELS))
+    while len(ids) < count:
+        for level in levels:
+            item = f"babyai_{seed * len(LEVELS) + LEVELS.index(level)}"
+            if item not in taken and len(ids) < count:
+                ids.append(item)
+        seed += 1
+    return ids
+
+
 def listed_actions(conversation: str) -> list[str]:
     """The actions of the latest `Available actions: [...]` listing, without `check available actions` (it only
     lists them again: a baseline choosing it would spend a turn and change nothing)."""
@@ -37,7 +63,7 @@ FAMILY = Family(
     name="babyai",
     make_env=make_env,
     # 900 ids: the reference's splits (test 90, train about 810) are drawn from babyai_0 ... babyai_899.
-    num_items=900,
+    num_items=NUM_ITEMS,
     split_sizes={"train": 810, "test": 90},
     reference_max_turns=20,
     extras={
@@ -46,5 +72,6 @@ FAMILY = Family(
         "select_items": select_items,
         "item_label": level_of,  # eval reports break results down by level
         "available_actions": listed_actions,  # the random baseline chooses among them
+        "unseen_items": unseen_items,  # eval.item_set=unseen
     },
 )
