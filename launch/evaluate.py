@@ -39,7 +39,7 @@ def eval_items(cfg: RootConfig, family: str) -> list[str]:
 def items_description(cfg: RootConfig) -> str:
     if cfg.eval.item_set == "unseen":
         return "unseen items (ids in no train or test split, of the run's levels)"
-    return f"split `{cfg.eval.split}`" + (f" (first {cfg.eval.limit} items)" if cfg.eval.limit else "")
+    return f"split `{cfg.eval.split}`" + (f" (at most its first {cfg.eval.limit} items)" if cfg.eval.limit else "")
 
 
 def eval_specs(cfg: RootConfig, family: str) -> list[EpisodeSpec]:

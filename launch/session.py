@@ -138,19 +138,25 @@ class TrainingSession:
         cfg = self.cfg
         if not (cfg.eval.at_end and cfg.eval.baselines):
             return None, []
+        from launch.evaluate import eval_limits, eval_specs, evaluate_rows
+
         path = self.out / "eval" / "untrained.json"
+        # what the rows were measured on: a resumed run with other eval settings cannot reuse them
+        measured_on = {"episodes": {f: [dataclasses.astuple(s) for s in eval_specs(cfg, f)] for f in cfg.eval.envs},
+                       "limits": dataclasses.astuple(eval_limits(cfg))}
         if path.is_file():
-            return json.loads(path.read_text())["rows"], []
+            saved = json.loads(path.read_text())
+            if saved.get("measured_on") == json.loads(json.dumps(measured_on)):
+                return saved["rows"], []
         if self.resume_from is not None:
-            return None, ["no untrained row: the run resumed from a checkpoint made before its base model was "
-                          "evaluated"]
-        from launch.evaluate import eval_limits, evaluate_rows
+            return None, ["no untrained row: the base model was not evaluated on these items before the run's "
+                          "first step (it resumed from a checkpoint)"]
 
         log.info("evaluating the base model before the first step (eval.baselines), for the final report")
         rows = evaluate_rows(cfg, self.roles.policy, str(self.roles.model_dir), self.out / "eval",
                              list(cfg.eval.envs), eval_limits(cfg), name="eval-base-pool")
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"model": cfg.model.path, "rows": rows})
+        write_json(path, {"model": cfg.model.path, "rows": rows, "measured_on": measured_on})
         return rows, []
 
     def _transport_record(self) -> dict:
