@@ -166,7 +166,7 @@ def _with_generators(cfg: Any, model: str, out: Path, work) -> Any:
 
 def evaluate_model(cfg: Any, args: argparse.Namespace, out: Path, skipped: dict[str, str], base: str) -> None:
     """The untrained model's rows first (its own generators), then the model's and the random policy's."""
-    from launch.evaluate import evaluate_rows, eval_limits, evaluate_with
+    from launch.evaluate import eval_limits, evaluate_rows, evaluate_with
 
     untrained, notes = None, []
     if not cfg.eval.baselines:

@@ -41,7 +41,8 @@ def summarize(family: str, trajs: list[Trajectory], lost: int = 0) -> dict:
         items = collections.defaultdict(list)
         for t, s in zip(group, success):
             items[t.item_id].append(s)
-        return {"episodes": n, "success_rate": sum(success) / n, "success_rate_ci": list(wilson_interval(sum(success), n)),
+        return {"episodes": n, "success_rate": sum(success) / n,
+                "success_rate_ci": list(wilson_interval(sum(success), n)),
                 "score": sum(score) / n, "score_ci": list(wilson_interval(sum(score), n)),
                 "raw_score": sum(raw) / n, "turns": sum(t.num_turns for t in group) / n,
                 "valid_action_frac": valid_action_frac(group),  # over judged turns; None: none judged

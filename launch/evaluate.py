@@ -21,7 +21,7 @@ from core.transport import TrajectoryReceiver
 from environments.item_sampler import family_items
 from environments.registry import get_family
 from environments.unseen import unseen_items
-from launch.eval_report import summarize, summary, write_report  # noqa: F401  (the report's API, also here)
+from launch.eval_report import summarize, summary, write_report
 
 log = logging.getLogger("agentgym.eval")
 

@@ -149,8 +149,8 @@ class TrainingSession:
             if saved.get("measured_on") == json.loads(json.dumps(measured_on)):
                 return saved["rows"], []
         if self.resume_from is not None:
-            return None, ["no untrained row: the base model was not evaluated on these items before the run's "
-                          "first step (it resumed from a checkpoint)"]
+            return None, [("no untrained row: the base model was not evaluated on these items before the run's "
+                           "first step (it resumed from a checkpoint)")]
 
         log.info("evaluating the base model before the first step (eval.baselines), for the final report")
         rows = evaluate_rows(cfg, self.roles.policy, str(self.roles.model_dir), self.out / "eval",
