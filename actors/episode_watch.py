@@ -1,15 +1,18 @@
-"""Stopping a run whose episodes keep failing in the env, instead of letting it draw item after item.
+"""Stopping a run whose episodes keep failing, instead of letting it draw item after item.
 
 A family whose env cannot run here (a site that is down, a server that refuses every reset) ends each episode
-`env_error` or `env_timeout` within seconds, and the pools draw new items as fast as they fail: no step is
-trained and the logs fill. The watch keeps each family's last `window` endings and, once that many have ended,
-stops the run when more than `max_frac` of them were env failures, naming the family and the counts.
+`env_error` or `env_timeout` within seconds, a generator that fails every request ends them `aborted`, and the
+pools draw new items as fast as they fail: no step is trained and the logs fill. The watch keeps each family's
+last `window` endings and, once that many have ended, stops the run when more than `max_frac` of them were
+failures, naming the family, the side that fails (env or generation) and the counts.
 """
 from __future__ import annotations
 
 import collections
 
 ENV_FAILURES = ("env_error", "env_timeout")
+GENERATION_FAILURES = ("aborted",)  # the generator raised or answered nothing (not a replica that died: "lost")
+FAILURES = ENV_FAILURES + GENERATION_FAILURES
 
 
 class EpisodesFailing(RuntimeError):
@@ -29,10 +32,12 @@ class EpisodeWatch:
         last.append(termination)
         if len(last) < self.window:
             return
-        failed = collections.Counter(t for t in last if t in ENV_FAILURES)
+        failed = collections.Counter(t for t in last if t in FAILURES)
         if sum(failed.values()) > self.max_frac * self.window:
             counts = ", ".join(f"{n} {t}" for t, n in sorted(failed.items()))
+            env_side = sum(failed[t] for t in ENV_FAILURES) >= sum(failed[t] for t in GENERATION_FAILURES)
+            what = f"the {family} env" if env_side else f"the policy's generation for the {family} env"
             raise EpisodesFailing(
-                f"the {family} env keeps failing: of its last {self.window} episodes, {counts} "
+                f"{what} keeps failing: of its last {self.window} episodes, {counts} "
                 f"(more than env.failing_frac = {self.max_frac:g}); the env-pool logs say why. Stopping instead "
                 "of drawing more items")

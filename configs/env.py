@@ -137,10 +137,11 @@ class EnvConfig:
     max_actor_restarts: int = spec(5, ge=-1)
     """How many times Ray restarts a dead EnvPool actor (-1: forever)."""
     failing_window: int = spec(32, ge=1)
-    """Episodes per family the run watches for env failures: when more than `failing_frac` of a family's last
-    `failing_window` episodes ended `env_error` or `env_timeout`, the run stops naming the family."""
+    """Episodes per family the run watches for failures: when more than `failing_frac` of a family's last
+    `failing_window` episodes ended `env_error`, `env_timeout` or `aborted` (generation failed), the run stops
+    naming the family and the side that fails."""
     failing_frac: float = spec(0.5, gt=0, le=1)
-    """The share of env failures among a family's last `failing_window` episodes that stops the run."""
+    """The share of failures among a family's last `failing_window` episodes that stops the run."""
     data_dir: str = spec("")
     """Folder holding AgentGym-RL-Data-ID's `train/<env>_train.json` and `eval/<env>_test.json`; empty uses
     splits generated deterministically into the cache."""

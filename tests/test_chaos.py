@@ -64,6 +64,8 @@ def test_every_role_can_die_and_the_run_goes_on(tiny_model_dir, tmp_path):
     text = log.read_text()
     assert "rebuilding its roles and continuing" in text, context  # the learner's death, recovered in the job
     assert "generator replica" in text and "is down" in text, context
+    assert text.count("is down") <= 6, context  # once per failure and client, not once per episode
+    assert max(m.get("recovery/generator_restarts", 0.0) for m in metrics) >= 1, context
     assert "resuming from" in text, context  # the driver's, by resume=auto
     deadline = time.monotonic() + 30
     while any(alive(p) for p in seen_pids) and time.monotonic() < deadline:

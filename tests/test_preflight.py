@@ -81,3 +81,10 @@ def test_the_episode_watch_forgets_old_failures():
     with pytest.raises(EpisodesFailing, match="1 env_error, 2 env_timeout"):
         for t in ["env_timeout", "env_timeout"]:
             watch.record("textcraft", t)
+
+
+def test_the_episode_watch_names_a_generator_that_fails_every_request():
+    watch = EpisodeWatch(window=4, max_frac=0.5)
+    with pytest.raises(EpisodesFailing, match="policy's generation for the babyai env keeps failing.*3 aborted"):
+        for t in ["done", "aborted", "aborted", "aborted"]:
+            watch.record("babyai", t)

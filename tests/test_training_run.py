@@ -9,7 +9,6 @@ import asyncio
 import collections
 import json
 import os
-import re
 import signal
 import time
 
@@ -149,52 +148,15 @@ def test_sigint_during_a_learner_step_stops_within_the_grace_period_with_a_resum
         time.sleep(1)
     assert not [p for ps in pids.values() for p in ps if alive(p)]
 
-    resumed = start(train_command(tiny_model_dir, out, *run, "trainer.total_steps=4", "checkpoint.resume=auto"), log)
+    quiet_so_far = log.read_text()
+    resumed = start(train_command(tiny_model_dir, out, *run, "trainer.total_steps=4", "checkpoint.resume=auto",
+                                  "--verbose"), log)
     assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
+    # the first two runs were quiet (their roles wrote to logs/); --verbose brings the roles' own output back
+    assert "LLM engine" not in quiet_so_far and "LLM engine" in log.read_text()[len(quiet_so_far):]
+    assert (out / "logs" / "generator-0.log").is_file()
     trained = read_jsonl(out / "trained.jsonl")
     assert [r["step"] for r in trained] == [1, 2, 3, 4]
     groups = [g for r in trained for g in r["groups"]]
     assert len(groups) == len(set(groups))
     assert not [f for f in set(os.listdir("/dev/shm")) - shm_before if "agentgym" in f or "generator" in f]
-
-
-def test_a_killed_generator_replica_is_restarted_and_the_run_finishes(tiny_model_dir, tmp_path):
-    out, log = tmp_path / "run", tmp_path / "train.log"
-    run = ["trainer.total_steps=5", "checkpoint.every_steps=0", "eval.at_end=false", "generator.max_restarts=2"]
-    proc = start(train_command(tiny_model_dir, out, *run), log)
-    wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= 2, 600, proc, log)
-    generator_pid = json.loads((out / "pids.json").read_text())["Generator"][0]
-    os.kill(generator_pid, signal.SIGKILL)
-    assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
-    text = log.read_text()
-    assert "was restarted; subscribing it to the weights again" in text
-    assert "publishing weights version" in text
-    trained = read_jsonl(out / "trained.jsonl")
-    assert [r["step"] for r in trained] == [1, 2, 3, 4, 5]
-    trajectories = [t for r in trained for t in r["trajectories"]]
-    assert len(trajectories) == len(set(trajectories))
-    metrics = read_jsonl(out / "metrics.jsonl")
-    assert metrics[-1]["recovery/generator_restarts"] >= 1
-    assert text.count("generator replica 0 is down") <= 3  # once per failure and client, not per episode
-
-
-def test_a_killed_learner_rank_is_rebuilt_in_the_job_from_the_last_checkpoint(tiny_model_dir, tmp_path):
-    out, log = tmp_path / "run", tmp_path / "train.log"
-    run = ["trainer.total_steps=5", "checkpoint.every_steps=2", "eval.at_end=false", "trainer.max_failures=2"]
-    proc = start(train_command(tiny_model_dir, out, *run, "--verbose"), log)
-    wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= 3, 600, proc, log)
-    os.kill(json.loads((out / "pids.json").read_text())["Learner"][0], signal.SIGKILL)
-    assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
-    text = log.read_text()
-    assert "rebuilding its roles and continuing from the last complete checkpoint" in text
-    resumed = re.findall(r"step_(\d{8}) at step (\d+)", text)
-    assert resumed and int(resumed[-1][1]) in (2, 4), resumed  # from the last checkpoint before the kill
-    trained = read_jsonl(out / "trained.jsonl")
-    assert [r["step"] for r in trained] == [1, 2, 3, 4, 5]  # each step trained once in the lineage
-    groups = [g for r in trained for g in r["groups"]]
-    assert len(groups) == len(set(groups))
-    schedule = schedule_of(run)
-    metrics = read_jsonl(out / "metrics.jsonl")
-    assert all(m["rollout/horizon_stage"] == schedule.stage_at(m["step"]) for m in metrics)
-    assert metrics[-1]["recovery/failures"] == 1
-    assert "LLM engine" in text and not (out / "logs").exists()  # --verbose: the roles' own output, here
