@@ -90,3 +90,30 @@ def test_textcraft_actions_come_from_the_crafting_commands():
     assert actions == ["craft 1 black dye using 1 wither rose", "craft 4 planks using 1 oak log",
                        "craft 1 stick using 2 planks", "get 1 wither rose", "get 1 oak log", "inventory"]
     assert textcraft_actions("no commands here") == ["inventory"]
+
+
+def test_random_policy_on_textcraft_names_only_actions_read_off_the_commands(tiny_model_dir, tiny_tokenizer):
+    from environments.textcraft.env import TextCraftEnv
+
+    class Recording(TextCraftEnv):
+        def reset(self, item_id):
+            obs = super().reset(item_id)
+            self.listed, self.turns = textcraft_actions(obs.text), []
+            return obs
+
+        def step(self, reply):
+            result = super().step(reply)
+            self.turns.append((result.info.get("action"), result.parse_rule))
+            return result
+
+    policy = RandomPolicy(str(tiny_model_dir), load_config(None, []).env)
+    limits = EpisodeLimits(max_tokens_per_turn=64, max_context_tokens=4096, temperature=0.0)
+    accepted = 0
+    for n in (0, 7, 130):
+        env = Recording(parse_mode="strict")
+        spec = EpisodeSpec(f"eval-textcraft_{n}.s0", f"textcraft_{n}", f"eval-textcraft_{n}", 0, 8)
+        traj = asyncio.run(run_episode(run_sync_env(env), policy, ChatFormat(tiny_tokenizer), spec, limits))
+        assert len(env.turns) == traj.num_turns >= 1
+        assert all(rule == "strict" and action in env.listed for action, rule in env.turns)
+        accepted += traj.metrics["valid_actions"]
+    assert accepted >= 3  # gets of base items and inventory succeed
