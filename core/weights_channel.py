@@ -1,9 +1,14 @@
 """ZeroMQ weights channel: one publisher (learner rank 0) to every generator, versioned, chunked, acknowledged.
 
-Protocol (every control payload is msgpack; tensor bytes travel as raw zero-copy frames):
-  subscriber -> publisher  [b"H", {"name"}]                        hello: register to receive weights
+Protocol (every control payload is msgpack, core.weights_control; tensor bytes travel as raw zero-copy frames):
+  subscriber -> publisher  [b"H", {"name", "relay"?}]              hello: register to receive weights
   publisher -> subscriber  [b"C", header, part_0, ..., part_k]     one chunk of version `header.version`
   subscriber -> publisher  [b"A", {"version", "ok", "error"}]       ack after the caller applied the version
+  subscriber -> publisher  [b"P", {...}], publisher -> it [b"L", {...}]   relay progress and links
+
+Fan-out: `star` sends every chunk to every subscriber; `relay` (core.weights_relay) sends each chunk once, to
+the head of a chain of subscribers, each forwarding it to the next, so the publisher's cost does not grow with
+the number of replicas.
 
 A chunk header is {"version", "seq", "n_chunks", "parts": [[name, dtype, shape, offset, total_nbytes], ...]}:
 part i holds bytes [offset, offset + len(frame_i)) of tensor `name`. Tensors larger than `chunk_bytes` span
@@ -24,6 +29,8 @@ import zmq
 from core.curve import CurveServer, peer_name, release_handler, serve_curve
 from core.trajectory import WireError
 from core.transport import LOOPBACK, DropLog, bind_endpoint
+from core.weights_control import MAX_CONTROL_BYTES  # noqa: F401 - the subscriber's frame size bound
+from core.weights_control import Progress, control, endpoint_field, field, parse_progress
 
 log = logging.getLogger("agentgym.weights")
 
@@ -97,12 +104,13 @@ class WeightPublisher:
     - A malformed control message is dropped and counted (`drops`); nothing a peer sends raises here.
     - A subscriber that stops reading cannot stall the others: each peer is fed as far as its queue allows,
       and one that takes no chunk for `stall_timeout_s` is skipped for the rest of that version, named in
-      the log and in `stalled[version]`.
+      the log and in `stalled[version]`. With `fanout="relay"` the same holds of a chain member that dies or
+      stalls: the chain is re-linked around it (core.weights_relay), counted in `relinked`.
     """
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, chunk_bytes: int = 4 << 20,
                  hwm: int = 8, ctx: zmq.Context | None = None, curve: CurveServer | None = None,
-                 expected: Iterable[str] | None = None, stall_timeout_s: float = 30.0):
+                 expected: Iterable[str] | None = None, stall_timeout_s: float = 30.0, fanout: str = "star"):
         # Chunks stay well under glibc's 32 MB mmap threshold, so the receiver's per-message buffers are
         # recycled from the heap instead of being mapped (and page-faulted) afresh for every chunk.
         # Weights go out zero-copy: an own context, terminated on close, outlives every queued frame.
@@ -118,6 +126,18 @@ class WeightPublisher:
         self.chunk_bytes = chunk_bytes
         self.expected = set(expected) if expected is not None else None
         self.stall_timeout_s = stall_timeout_s
+        if fanout not in ("star", "relay"):
+            raise ValueError(f"fanout must be star or relay, got {fanout!r}")
+        self.fanout = fanout
+        self.keys = {name: public.decode() for public, name in curve.clients.items()} if curve is not None else {}
+        self.relays: dict[str, str] = {}  # subscriber name -> its forwarding endpoint (relay subscribers)
+        self.progress: dict[str, Progress] = {}
+        self.heard: dict[str, float] = {}  # subscriber name -> when it last sent anything
+        self.links: dict[str, str] = {}  # subscriber name -> the successor it was told to forward to
+        self.suspects: set[str] = set()  # lost in the last relayed version: placed at the chain's tail
+        self.relinked = 0  # times a relay chain was re-linked around a member
+        self.chunks_sent = 0
+        self.link_epoch = 0
         self.peers: dict[bytes, str] = {}
         self.acks: dict[int, dict[str, tuple[bool, str]]] = {}
         self.stalled: dict[int, dict[str, str]] = {}
@@ -131,38 +151,54 @@ class WeightPublisher:
         user = peer_name(parts[-1])
         sender = user or self.peers.get(routing) or routing[:16].hex()
         try:
-            kind, body = _control(parts)
+            kind, body = control(parts)
             if kind == b"H":
                 self._hello(routing, user, body)
-            else:
+            elif kind == b"A":
                 self._ack(routing, user, body)
+            else:
+                self._progress(routing, user, body)
         except WireError as exc:
             self.drops.drop(sender, exc.field, str(exc))
 
     def _hello(self, routing: bytes, user: str, body: dict) -> None:
-        name = _field(body, "name", str)
+        name = field(body, "name", str)
         if not 0 < len(name) <= 128:
             raise WireError("name", "expected 1 to 128 characters")
         if self.zap is not None and name != user:
             raise WireError("name", f"{name!r:.40} said hello with the key issued to {user!r}")
         if self.zap is None and self.expected is not None and name not in self.expected:
             raise WireError("name", f"{name!r:.40} is not a subscriber of this run")
+        relay = endpoint_field(body, "relay") if "relay" in body else ""
         for old, known in list(self.peers.items()):  # a reconnecting subscriber replaces its old connection
             if known == name and old != routing:
                 del self.peers[old]
                 for acks in self.acks.values():  # a restarted subscriber has applied nothing yet
                     acks.pop(name, None)
         self.peers[routing] = name
+        self.relays[name] = relay
+        self.links.pop(name, None)  # a new connection has no link yet
+        self.progress.pop(name, None)
+        self.heard[name] = time.monotonic()
 
-    def _ack(self, routing: bytes, user: str, body: dict) -> None:
+    def _registered(self, routing: bytes, user: str, what: str) -> str:
         name = self.peers.get(routing)
         if name is None or (self.zap is not None and name != user):
-            raise WireError("ack", "from a connection that is not a registered subscriber")
-        version = _field(body, "version", int)
+            raise WireError(what, "from a connection that is not a registered subscriber")
+        self.heard[name] = time.monotonic()
+        return name
+
+    def _ack(self, routing: bytes, user: str, body: dict) -> None:
+        name = self._registered(routing, user, "ack")
+        version = field(body, "version", int)
         if not 0 <= version <= self.published:
             raise WireError("version", f"ack for version {version}, latest published is {self.published}")
-        ok, error = _field(body, "ok", bool), _field(body, "error", str)
+        ok, error = field(body, "ok", bool), field(body, "error", str)
         self.acks.setdefault(version, {})[name] = (ok, error[:1000])
+
+    def _progress(self, routing: bytes, user: str, body: dict) -> None:
+        name = self._registered(routing, user, "progress")
+        self.progress[name] = parse_progress(body)
 
     def poll(self, timeout_ms: int = 0) -> None:
         """Process pending hellos and acks."""
@@ -201,7 +237,12 @@ class WeightPublisher:
                           for t, off, _ in chunk],
             })
             messages.append([b"C", header] + [view for _, _, view in chunk])
-        self._fan_out(version, messages)
+        if self.fanout == "relay":
+            from core.weights_relay import RelayFanout
+
+            RelayFanout(self, version, messages).run()
+        else:
+            self._fan_out(version, messages)
         return sum(len(v) for chunk in chunks for _, _, v in chunk)
 
     def _fan_out(self, version: int, messages: list[list]) -> None:
@@ -223,6 +264,7 @@ class WeightPublisher:
                         break
                     i += 1
                     moved = True
+                    self.chunks_sent += 1
                     progress[peer] = time.monotonic()
                 if i < 0 or i >= len(messages):
                     del cursor[peer]
@@ -260,30 +302,3 @@ class WeightPublisher:
         if self._own_ctx:
             release_handler(self._ctx)
             self._ctx.term()
-
-
-MAX_CONTROL_BYTES = 64 << 10  # hellos and acks are a few dozen bytes
-
-
-def _control(parts: list[zmq.Frame]) -> tuple[bytes, dict]:
-    """Parse a subscriber's control message [routing, kind, msgpack map]; WireError if malformed."""
-    if len(parts) != 3:
-        raise WireError("frames", f"expected 2 frames, got {len(parts) - 1}")
-    kind = bytes(parts[1].buffer)
-    if kind not in (b"H", b"A"):
-        raise WireError("kind", f"unknown control message {kind[:8]!r}")
-    try:
-        body = msgpack.unpackb(parts[2].buffer, raw=False, max_str_len=4096, max_bin_len=0, max_array_len=16,
-                               max_map_len=16, max_ext_len=0)
-    except Exception as exc:
-        raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None
-    if not isinstance(body, dict):
-        raise WireError("body", f"expected a map, got {type(body).__name__}")
-    return kind, body
-
-
-def _field(body: dict, key: str, typ: type):
-    value = body.get(key)
-    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise WireError(key, f"expected {typ.__name__}, got {type(value).__name__}")
-    return value

@@ -6,25 +6,32 @@ What must hold:
 - Every header number is an integer in range before it is used, shapes, dtypes and byte counts agree, and a
   version's buffers are checked against what this subscriber expects (`expected`: tensor name -> shape, the
   model's own parameters) and against `max_total_bytes` *before* anything is allocated.
-- Chunks of a version arrive in order (one publisher, one connection). A chunk 0 of a version newer than the
-  last one handed out supersedes a partial version (counted in `abandoned`); chunks of any other version
-  that do not continue the one being assembled are dropped. So a bogus or abandoned version never blocks
-  the next valid one.
+- Chunks of a version arrive in order on each path (the publisher's connection, or a relay predecessor's). A
+  chunk 0 of a version newer than the one being assembled and the last one handed out supersedes a partial
+  version (counted in `abandoned`); a chunk this subscriber already has (a re-feed after the chain was re-linked)
+  is ignored; chunks that do not continue the version being assembled are dropped. So a bogus or abandoned
+  version never blocks the next valid one.
+- Relay (`relay_host` given; core.weights_relay has the chain): every chunk accepted here, and only those, is
+  forwarded to the successor the publisher names, before the version it completes is handed out; progress
+  reports go to the publisher every `heartbeat_s` while polling, and at once when a version completes.
 """
 from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 
 import msgpack
 import numpy as np
 import zmq
 
-from core.curve import CurveClient
+from core.curve import CurveClient, release_handler
 from core.trajectory import WireError
-from core.transport import DropLog, messages
+from core.transport import DropLog
 from core.weights_channel import MAX_CONTROL_BYTES, TensorBytes, WeightSet, itemsize
+from core.weights_forward import Forwarder
+from core.weights_control import parse_link, progress_message
 
 log = logging.getLogger("agentgym.weights")
 
@@ -133,8 +140,13 @@ class WeightSubscriber:
 
     def __init__(self, endpoint: str, name: str | None = None, ctx: zmq.Context | None = None,
                  curve: CurveClient | None = None, expected: dict[str, tuple[int, ...]] | None = None,
-                 max_total_bytes: int = 0, max_chunk_bytes: int = 1 << 30):
-        self._ctx = ctx or zmq.Context.instance()
+                 max_total_bytes: int = 0, max_chunk_bytes: int = 1 << 30, relay_host: str | None = None,
+                 relay_advertise: str = "", heartbeat_s: float = 0.25):
+        """`relay_host`: bind a forwarding socket there and take part in a relay chain (None: receive only from
+        the publisher); `relay_advertise`: the address others reach it at when `relay_host` is a wildcard."""
+        # A relay subscriber forwards frames zero-copy and serves CURVE: its own context (and ZAP handler).
+        self._own_ctx = ctx is None and relay_host is not None
+        self._ctx = zmq.Context() if self._own_ctx else (ctx or zmq.Context.instance())
         self.name = name or f"generator-{uuid.uuid4().hex[:8]}"
         self.expected = {k: tuple(v) for k, v in expected.items()} if expected is not None else None
         if self.expected is not None and not max_total_bytes:  # the widest dtype a version may use
@@ -147,40 +159,104 @@ class WeightSubscriber:
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_chunk_bytes, MAX_CONTROL_BYTES))
         if curve is not None:
             curve.apply(self._sock)
+        self.relay: Forwarder | None = None
+        if relay_host is not None:
+            self.relay = Forwarder(self._ctx, self.name, relay_host, curve.keys if curve is not None else None,
+                                   max(max_chunk_bytes, MAX_CONTROL_BYTES), advertise=relay_advertise)
         self._sock.connect(endpoint)
-        self._sock.send_multipart([b"H", msgpack.packb({"name": self.name})])
+        hello = {"name": self.name, **({"relay": self.relay.endpoint} if self.relay is not None else {})}
+        self._sock.send_multipart([b"H", msgpack.packb(hello)])
         self._assembly: _Assembly | None = None
         # One buffer set: the version handed out stays untouched until the next `poll`, which lends its buffers
         # to the next assembly, so steady-state updates allocate (and page-fault) nothing and a subscriber holds
         # one model's worth of bytes. A consumer applies (copies) a version before it polls again.
         self._handed_out: dict[str, np.ndarray] = {}
         self._spare: dict[str, np.ndarray] = {}
+        self._ready: WeightSet | None = None  # complete, handed out once forwarded on (relay)
+        self._ready_buffers: dict[str, np.ndarray] = {}
         self.latest_version = -1
         self.drops = DropLog("weights chunk", log)
         self.abandoned = 0
+        self.heartbeat_s = heartbeat_s
+        self._epoch = 0
+        self._reported = 0.0
 
     def poll(self, timeout_ms: int | None = 0) -> WeightSet | None:
         """Receive chunks until a version is complete (returned) or `timeout_ms` passes (None). The version
         returned before is released: its arrays may be overwritten from now on."""
         self._spare.update(self._handed_out)
         self._handed_out = {}
-        for parts in messages(self._sock, timeout_ms):
-            try:
-                done = self._accept([p.buffer for p in parts])
-            except WireError as exc:
-                if self._assembly is not None:  # a version with a bad chunk cannot be trusted
-                    self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
-                    self._assembly = None
-                self.drops.drop(f"the publisher (at {self.name})", exc.field, str(exc))
-                continue
-            if done is not None:
-                return done
-        return None
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        relay = self.relay
+        while True:
+            drained = relay is None or relay.flush()
+            if self._ready is not None and drained:
+                return self._hand_out()
+            if relay is not None and time.monotonic() - self._reported >= self.heartbeat_s:
+                self._report()
+            left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            wait = left if relay is None else min(left if left is not None else 1 << 30, int(self.heartbeat_s * 1000))
+            poller = zmq.Poller()
+            if drained:  # backpressure: while the successor's queue is full, nothing more is read
+                poller.register(self._sock, zmq.POLLIN)
+                if relay is not None:
+                    poller.register(relay.inbound, zmq.POLLIN)
+            elif relay.out is not None:
+                poller.register(relay.out, zmq.POLLOUT)
+            events = dict(poller.poll(wait)) if poller.sockets else {}
+            if not events and not poller.sockets:
+                time.sleep(min(wait, 5) / 1000)
+            if self._sock in events:
+                self._receive(self._sock.recv_multipart(copy=False), "the publisher")
+            elif relay is not None and relay.inbound in events:
+                self._receive(relay.inbound.recv_multipart(copy=False)[1:], "a relay predecessor")
+            if not events and deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def _receive(self, frames: list, source: str) -> None:
+        try:
+            if frames and bytes(frames[0].buffer) == b"L" and source == "the publisher":
+                self._link(frames)
+                return
+            done = self._accept([f.buffer for f in frames])
+        except WireError as exc:
+            if self._assembly is not None:  # a version with a bad chunk cannot be trusted
+                self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
+                self._assembly = None
+            self.drops.drop(f"{source} (at {self.name})", exc.field, str(exc))
+            return
+        if self._accepted and self.relay is not None:
+            self.relay.forward(frames)
+        if done is not None:
+            self._ready = done
+            if self.relay is not None:
+                self._report()
+
+    def _link(self, frames: list) -> None:
+        link = parse_link(frames)
+        if self.relay is None:
+            raise WireError("kind", "a relay link for a subscriber that does not relay")
+        self.relay.admit(link.prev_key)
+        self.relay.link(link.next, link.next_key, link.stall_s)
+        self._epoch = max(self._epoch, link.epoch)
+        self._report()
+
+    def _report(self) -> None:
+        """Tell the publisher what this subscriber holds (core.weights_relay reads it)."""
+        a = self._assembly
+        have = (a.version, a.next_seq, False) if a is not None else (self.latest_version, 0, True)
+        self._sock.send_multipart(progress_message(*have, self._epoch, self.relay is not None and self.relay.blocked))
+        self._reported = time.monotonic()
+
+    def _hand_out(self) -> WeightSet:
+        done, self._ready = self._ready, None
+        self._handed_out, self._ready_buffers = self._ready_buffers, {}
+        return done
 
     @property
     def held_bytes(self) -> int:
         """Bytes of receive buffers this subscriber holds now (handed out, spare and being assembled)."""
-        sets = [self._handed_out, self._spare] + ([{n: b for n, (_, _, b) in self._assembly.buffers.items()}]
+        sets = [self._handed_out, self._spare, self._ready_buffers] + ([{n: b for n, (_, _, b) in self._assembly.buffers.items()}]
                                                   if self._assembly is not None else [])
         return sum(b.nbytes for held in sets for b in held.values())
 
@@ -190,12 +266,16 @@ class WeightSubscriber:
         return self.drops.total
 
     def _accept(self, frames: list) -> WeightSet | None:
+        """Take one chunk; the version it completes, else None. `_accepted` says whether it was new here."""
+        self._accepted = False
         if len(frames) < 2 or bytes(frames[0]) != b"C":
             raise WireError("kind", "expected a weights chunk")
         version, seq, n_chunks, parts = parse_chunk_header(frames[1], len(frames) - 2)
         if version <= self.latest_version:
             return None  # an old version finishing after a newer one was applied
         current = self._assembly
+        if current is not None and version < current.version:
+            return None  # an older version, late on a slower path
         if current is None or current.version != version:
             if seq != 0:
                 raise WireError("seq", f"chunk {seq} of version {version}, which has not begun here")
@@ -206,11 +286,14 @@ class WeightSubscriber:
                                                  self.max_total_bytes)
         elif n_chunks != current.n_chunks:
             raise WireError("n_chunks", f"version {version} changed its chunk count")
+        elif seq < current.next_seq:
+            return None  # a chunk this subscriber has: the version was fed again after a re-link
         current.add(seq, parts, frames[2:])
+        self._accepted = True
         if not current.complete():
             return None
         done = current.result()
-        self._handed_out = {n: b for n, (_, _, b) in current.buffers.items()}
+        self._ready_buffers = {n: b for n, (_, _, b) in current.buffers.items()}
         self._assembly = None
         self.latest_version = version
         return done
@@ -219,4 +302,9 @@ class WeightSubscriber:
         self._sock.send_multipart([b"A", msgpack.packb({"version": version, "ok": ok, "error": error[:1000]})])
 
     def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
         self._sock.close(1000)
+        if self._own_ctx:
+            release_handler(self._ctx)
+            self._ctx.term()

@@ -1,0 +1,119 @@
+"""Control messages of the weights channel (core.weights_channel has the data protocol), each checked on decode.
+
+  subscriber -> publisher  [b"H", {"name", "relay"?}]                     hello ("relay": its forwarding endpoint)
+  subscriber -> publisher  [b"A", {"version", "ok", "error"}]             ack after the caller applied a version
+  subscriber -> publisher  [b"P", {"version", "chunks", "done", "epoch", "blocked"}]
+                                                                          progress: what it holds (relay)
+  publisher -> subscriber  [b"L", {"epoch", "next", "next_key", "prev_key", "stall_s"}]
+                                                                          relay link: whom to forward to
+
+A parser raises only `WireError`, naming the field; every string and number is bounded before use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+
+from core.trajectory import WireError
+
+MAX_CONTROL_BYTES = 64 << 10  # hellos, acks, progress reports and links are a few dozen bytes
+MAX_VERSION = (1 << 62) - 1
+MAX_ENDPOINT = 256
+KEY_CHARS = 40  # a Z85-encoded CURVE public key
+CONTROL_KINDS = (b"H", b"A", b"P")
+
+
+def unpack_map(buf) -> dict:
+    try:
+        body = msgpack.unpackb(buf, raw=False, max_str_len=4096, max_bin_len=0, max_array_len=16,
+                               max_map_len=16, max_ext_len=0)
+    except Exception as exc:
+        raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(body, dict):
+        raise WireError("body", f"expected a map, got {type(body).__name__}")
+    return body
+
+
+def control(parts: list) -> tuple[bytes, dict]:
+    """Parse a subscriber's control message [routing, kind, msgpack map]; WireError if malformed."""
+    if len(parts) != 3:
+        raise WireError("frames", f"expected 2 frames, got {len(parts) - 1}")
+    kind = bytes(parts[1].buffer)
+    if kind not in CONTROL_KINDS:
+        raise WireError("kind", f"unknown control message {kind[:8]!r}")
+    return kind, unpack_map(parts[2].buffer)
+
+
+def field(body: dict, key: str, typ: type):
+    value = body.get(key)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise WireError(key, f"expected {typ.__name__}, got {type(value).__name__}")
+    return value
+
+
+def int_field(body: dict, key: str, lo: int, hi: int) -> int:
+    value = field(body, key, int)
+    if not lo <= value <= hi:
+        raise WireError(key, f"expected an int in [{lo}, {hi}], got {value}")
+    return value
+
+
+def endpoint_field(body: dict, key: str) -> str:
+    value = field(body, key, str)
+    if value and (len(value) > MAX_ENDPOINT or not value.startswith("tcp://")):
+        raise WireError(key, f"expected a tcp:// endpoint of at most {MAX_ENDPOINT} characters")
+    return value
+
+
+def key_field(body: dict, key: str) -> str:
+    value = field(body, key, str)
+    if value and len(value) != KEY_CHARS:
+        raise WireError(key, f"expected a {KEY_CHARS}-character Z85 key or nothing")
+    return value
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a subscriber holds: `chunks` of `version` (being assembled), or all of it when `done`."""
+
+    version: int
+    chunks: int
+    done: bool
+    epoch: int
+    blocked: bool  # its successor's queue is full: it waits for downstream, not for its feeder
+
+
+def parse_progress(body: dict) -> Progress:
+    return Progress(int_field(body, "version", -1, MAX_VERSION), int_field(body, "chunks", 0, 1 << 24),
+                    field(body, "done", bool), int_field(body, "epoch", 0, MAX_VERSION), field(body, "blocked", bool))
+
+
+def progress_message(version: int, chunks: int, done: bool, epoch: int, blocked: bool) -> list[bytes]:
+    return [b"P", msgpack.packb({"version": version, "chunks": chunks, "done": done, "epoch": epoch,
+                                 "blocked": blocked})]
+
+
+@dataclass(frozen=True)
+class Link:
+    epoch: int
+    next: str  # the successor's forwarding endpoint ("": forward to nobody)
+    next_key: str  # the successor's public key, which its forwarding socket serves with (CURVE)
+    prev_key: str  # the predecessor's public key, to admit (CURVE)
+    stall_s: float  # drop a successor that takes nothing for this long
+
+
+def parse_link(frames: list) -> Link:
+    if len(frames) != 2:
+        raise WireError("frames", f"a relay link has 2 frames, got {len(frames)}")
+    body = unpack_map(frames[1].buffer)
+    stall = field(body, "stall_s", float)
+    if not 0 < stall < 1e6:
+        raise WireError("stall_s", f"expected a positive number of seconds, got {stall!r:.20}")
+    return Link(int_field(body, "epoch", 0, MAX_VERSION), endpoint_field(body, "next"),
+                key_field(body, "next_key"), key_field(body, "prev_key"), stall)
+
+
+def link_message(link: Link) -> list[bytes]:
+    return [b"L", msgpack.packb({"epoch": link.epoch, "next": link.next, "next_key": link.next_key,
+                                 "prev_key": link.prev_key, "stall_s": float(link.stall_s)})]

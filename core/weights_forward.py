@@ -1,0 +1,117 @@
+"""A weights subscriber's relay hop: the socket its predecessor forwards chunks into, and the socket it forwards
+accepted chunks out of, to the successor the publisher named (core.weights_relay has the chain protocol).
+
+What must hold:
+- The inbound socket is a server: with CURVE it uses this subscriber's own key pair and admits only the keys the
+  publisher named as this subscriber's predecessors (all of them keys the run issued to its subscribers), so an
+  outsider cannot push a single chunk into the chain. Without CURVE it is bound where the publisher is (loopback,
+  or a network the run was told to trust).
+- Forwarding never grows memory past `hwm` messages: frames go out zero-copy (the received frames themselves);
+  when the successor's queue is full they wait in `pending`, and the subscriber reads no more input until they
+  are gone (backpressure up the chain). A successor that takes nothing for `stall_timeout_s` is dropped here
+  (`dropped_successors`), so a dead or stalled successor blocks its predecessor for at most that long.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+import zmq
+
+from core.curve import CurveClient, CurveServer, KeyPair, serve_curve
+from core.transport import bind_endpoint
+
+log = logging.getLogger("agentgym.weights")
+
+
+class Forwarder:
+    def __init__(self, ctx: zmq.Context, name: str, host: str, keys: KeyPair | None, max_chunk_bytes: int,
+                 hwm: int = 8, advertise: str = ""):
+        self._ctx, self.name, self.keys, self.hwm = ctx, name, keys, hwm
+        self.inbound = ctx.socket(zmq.ROUTER)
+        self.inbound.setsockopt(zmq.RCVHWM, hwm)
+        self.inbound.setsockopt(zmq.LINGER, 0)
+        self.inbound.setsockopt(zmq.MAXMSGSIZE, max_chunk_bytes)
+        self.zap = serve_curve(self.inbound, ctx, CurveServer(keys, {})) if keys is not None else None
+        bound = bind_endpoint(self.inbound, host)
+        # A wildcard bind is advertised under the address given (the node's own), so that others can connect.
+        self.endpoint = bound.replace("0.0.0.0", advertise) if advertise else bound
+        self.out: zmq.Socket | None = None
+        self.next = ""
+        self.pending: collections.deque[list] = collections.deque()
+        self.blocked_since = 0.0
+        self.stall_timeout_s = 30.0
+        self.forwarded = 0
+        self.dropped_successors = 0
+
+    def admit(self, public_key: str) -> None:
+        """Admit a predecessor's key (Z85), named by the publisher."""
+        if self.zap is not None and public_key:
+            self.zap.admit({public_key.encode(): f"{self.name}-predecessor"})
+
+    def link(self, endpoint: str, server_key: str, stall_timeout_s: float) -> None:
+        """Forward to `endpoint` from now on ("" : to nobody). Chunks queued for an old successor are dropped."""
+        self.stall_timeout_s = stall_timeout_s
+        if endpoint == self.next and (self.out is not None or not endpoint):
+            return
+        self._close_out()
+        self.next = endpoint
+        if not endpoint:
+            return
+        if self.keys is not None and not server_key:
+            log.warning("%s: relay link to %s without its key; not forwarding", self.name, endpoint)
+            self.next = ""
+            return
+        self.out = self._ctx.socket(zmq.DEALER)
+        self.out.setsockopt(zmq.SNDHWM, self.hwm)
+        self.out.setsockopt(zmq.LINGER, 0)
+        if self.keys is not None:
+            CurveClient(server_key.encode(), self.keys).apply(self.out)
+        self.out.connect(endpoint)
+
+    def forward(self, frames: list) -> None:
+        """Queue a validated chunk (its received frames, [kind, header, parts...]) for the successor."""
+        if self.out is not None:
+            self.pending.append(frames)
+            self.flush()
+
+    def flush(self) -> bool:
+        """Send what the successor's queue takes now; True when nothing is left pending."""
+        while self.pending and self.out is not None:
+            try:
+                self.out.send_multipart(self.pending[0], copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                now = time.monotonic()
+                if not self.blocked_since:
+                    self.blocked_since = now
+                elif now - self.blocked_since > self.stall_timeout_s:
+                    log.warning("%s: successor %s took no chunk for %.1f s; forwarding to nobody", self.name,
+                                self.next, now - self.blocked_since)
+                    self.dropped_successors += 1
+                    self._close_out()
+                return False
+            self.pending.popleft()
+            self.forwarded += 1
+            self.blocked_since = 0.0
+        return True
+
+    @property
+    def blocked(self) -> bool:
+        return bool(self.pending)
+
+    def _close_out(self) -> None:
+        if self.out is not None:
+            self.out.close(0)
+        self.out = None
+        self.pending.clear()
+        self.blocked_since = 0.0
+        self.next = ""
+
+    def close(self, linger_ms: int = 5000) -> None:
+        """Close; chunks already handed to the successor's queue still go out (up to `linger_ms`)."""
+        if self.out is not None:
+            self.out.close(linger_ms)
+            self.out = None
+        self._close_out()
+        self.inbound.close(0)

@@ -1,0 +1,214 @@
+"""The relay fan-out on loopback: each chunk leaves the publisher once and every subscriber gets identical bytes;
+a subscriber killed mid-version (SIGKILL) or one that stops reading is re-linked around, counted and named,
+within the stall timeout; with CURVE, nobody outside the run can push a chunk into the chain."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import msgpack
+import numpy as np
+import zmq
+
+from core.curve import CurveClient, KeyPair, RunKeys
+from core.weights_channel import TensorBytes, WeightPublisher
+from core.weights_subscriber import WeightSubscriber
+
+LOOPBACK = "127.0.0.1"
+
+
+def tensors_of(version: int, n: int = (8 << 20) // 4) -> list[TensorBytes]:
+    big = np.arange(n, dtype=np.float32) * version
+    small = np.full((3, 5), version, np.int64)
+    return [TensorBytes("big", "float32", big.shape, big.data), TensorBytes("small", "int64", small.shape, small.data)]
+
+
+def digest(ws) -> dict[str, bytes]:
+    return {name: bytes(t.data) for name, t in ws.tensors.items()}
+
+
+def reader(sub: WeightSubscriber, versions: int, out: dict, timeout_ms: int = 30_000) -> threading.Thread:
+    def run():
+        for _ in range(versions):
+            ws = sub.poll(timeout_ms)
+            if ws is None:
+                return
+            out[(sub.name, ws.version)] = (digest(ws), time.monotonic())
+            sub.ack(ws.version)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_relay_sends_each_chunk_once_and_every_subscriber_gets_identical_bytes():
+    pub = WeightPublisher(chunk_bytes=256 << 10, fanout="relay", stall_timeout_s=5.0)
+    subs = []
+    for i in range(4):  # registered one after the other: the chain is gen-0 -> gen-1 -> gen-2 -> gen-3
+        subs.append(WeightSubscriber(pub.endpoint, name=f"gen-{i}", relay_host=LOOPBACK))
+        pub.wait_for_peers(i + 1, timeout_s=5)
+    got: dict = {}
+    threads = [reader(s, 3, got) for s in subs]
+    sent_before = 0
+    for version in (1, 2, 3):
+        pub.publish(version, tensors_of(version))
+        assert pub.wait_acks(version, timeout_s=20) == {f"gen-{i}": (True, "") for i in range(4)}
+        n_chunks = (8 << 20) // (256 << 10) + 1
+        assert pub.chunks_sent - sent_before == n_chunks  # once, to the head: not once per subscriber
+        sent_before = pub.chunks_sent
+    for t in threads:
+        t.join(10)
+    for version in (1, 2, 3):
+        want = {t.name: bytes(t.data) for t in tensors_of(version)}
+        assert all(got[(f"gen-{i}", version)][0] == want for i in range(4)), version
+    assert [s.relay.forwarded for s in subs] == [3 * n_chunks] * 3 + [0]  # each hop forwards; the tail does not
+    assert pub.relinked == 0 and not pub.stalled
+    for s in subs:
+        s.close()
+    pub.close()
+
+
+def _subscriber_process(endpoint: str, name: str, stop_after: int, holding, versions: int, results) -> None:
+    """A subscriber in its own process. With `stop_after`, it stops reading once it holds that many chunks of
+    version 1 (mid-version) and says so, then waits to be killed."""
+    sub = WeightSubscriber(endpoint, name=name, relay_host=LOOPBACK)
+    if stop_after:
+        accept = sub._accept
+
+        def accept_then_freeze(frames):
+            done = accept(frames)
+            if sub._assembly is not None and sub._assembly.next_seq >= stop_after:
+                holding.set()  # it holds (and has forwarded) part of the version; now it waits to be killed
+                time.sleep(3600)
+            return done
+
+        sub._accept = accept_then_freeze
+    done = 0
+    while done < versions:
+        ws = sub.poll(50)
+        if ws is not None:
+            results.put((name, ws.version, bytes(ws.tensors["big"].data[-64:]), len(ws.tensors["big"].data)))
+            sub.ack(ws.version)
+            done += 1
+    sub.close()
+
+
+def test_a_subscriber_killed_mid_version_is_relinked_around_and_counted():
+    ctx = mp.get_context("spawn")
+    pub = WeightPublisher(chunk_bytes=128 << 10, fanout="relay", stall_timeout_s=1.0)
+    holding, results = ctx.Event(), ctx.Queue()
+    procs = {}
+    for i, name in enumerate(["gen-0", "victim", "gen-2"]):
+        procs[name] = ctx.Process(target=_subscriber_process, daemon=True,
+                                  args=(pub.endpoint, name, 10 if name == "victim" else 0, holding, 2, results))
+        procs[name].start()
+        pub.wait_for_peers(i + 1, timeout_s=60)
+    killer = threading.Thread(target=lambda: holding.wait(30) and os.kill(procs["victim"].pid, signal.SIGKILL))
+    killer.start()
+    started = time.monotonic()
+    pub.publish(1, tensors_of(1))  # 64 chunks; the victim stops after 10, then dies
+    publish_s = time.monotonic() - started
+    killer.join(30)
+    assert holding.is_set() and procs["victim"].exitcode == -signal.SIGKILL
+    acks = pub.wait_acks(1, timeout_s=20)
+    assert acks["gen-0"] == (True, "") and acks["gen-2"] == (True, "")
+    assert acks["victim"][0] is False and acks["victim"][1].startswith("stalled:")
+    assert "victim" in pub.stalled[1] and pub.relinked >= 1
+    assert publish_s < 1.0 * 3 + 5.0, publish_s  # the stall timeouts and the transfer, not forever
+    # The next version goes around the dead one at once (it was dropped or sits at the chain's tail).
+    pub.publish(2, tensors_of(2))
+    assert pub.wait_acks(2, timeout_s=20).get("gen-2") == (True, "")
+    got = sorted(results.get(timeout=10)[:2] for _ in range(4))
+    assert got == [("gen-0", 1), ("gen-0", 2), ("gen-2", 1), ("gen-2", 2)]
+    for p in procs.values():
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+    pub.close()
+
+
+def test_a_stalled_head_does_not_hold_up_the_chain_beyond_the_stall_timeout():
+    stall = 1.0
+    pub = WeightPublisher(chunk_bytes=256 << 10, hwm=2, fanout="relay", stall_timeout_s=stall)
+    stalled = WeightSubscriber(pub.endpoint, name="stalled", relay_host=LOOPBACK)  # the head; never reads
+    pub.wait_for_peers(1, timeout_s=5)
+    subs = [WeightSubscriber(pub.endpoint, name=f"gen-{i}", relay_host=LOOPBACK) for i in (1, 2)]
+    pub.wait_for_peers(3, timeout_s=5)
+    got: dict = {}
+    threads = [reader(s, 2, got) for s in subs]
+    for version in (1, 2):
+        started = time.monotonic()
+        pub.publish(version, tensors_of(version, (32 << 20) // 4))  # far more than queues and buffers hold
+        want = {t.name: bytes(t.data) for t in tensors_of(version, (32 << 20) // 4)}
+        for s in subs:
+            data, at = got.get((s.name, version)) or (None, None)
+            if data is None:
+                pub.wait_acks(version, timeout_s=10)
+                data, at = got[(s.name, version)]
+            assert data == want
+            assert at - started < stall * 2 + 4.0, (version, at - started)
+        acks = pub.wait_acks(version, timeout_s=10)
+        assert acks["stalled"][0] is False and acks["stalled"][1].startswith("stalled:")
+        assert "stalled" in pub.stalled[version]
+    assert pub.relinked >= 1
+    for t in threads:
+        t.join(10)
+    for s in subs + [stalled]:
+        s.close()
+    pub.close()
+
+
+def test_with_curve_an_outsider_cannot_push_chunks_into_the_chain():
+    gens = ["generator-0", "generator-1"]
+    keys = RunKeys.generate(gens)
+    pub = WeightPublisher(chunk_bytes=64 << 10, curve=keys.weights_server_side(gens), expected=gens,
+                          fanout="relay", stall_timeout_s=5.0)
+    subs = []
+    for i, name in enumerate(gens):
+        subs.append(WeightSubscriber(pub.endpoint, name=name, curve=keys.weights_client(name), relay_host=LOOPBACK))
+        pub.wait_for_peers(i + 1, timeout_s=5)
+    got: dict = {}
+    threads = [reader(s, 1, got) for s in subs]
+    pub.publish(1, tensors_of(1, 1 << 16))
+    for t in threads:
+        t.join(20)
+    assert pub.wait_acks(1, timeout_s=10) == {name: (True, "") for name in gens}
+    # Strangers at generator-1's forwarding socket: one with its own keys, one with no CURVE, and one holding a key
+    # of the run that the publisher never named as generator-1's predecessor (the publisher's own server key).
+    forged = [b"C", msgpack.packb({"version": 999, "seq": 0, "n_chunks": 1,
+                                   "parts": [["small", "int64", [3, 5], 0, 120]]}), np.zeros(15, np.int64).tobytes()]
+    target = subs[1].relay.endpoint
+    ctx = zmq.Context()
+    outsiders = []
+    for curve in (CurveClient(KeyPair.generate().public, KeyPair.generate()), None,
+                  CurveClient(KeyPair.generate().public, keys.weights_server)):
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        if curve is not None:
+            CurveClient(keys.clients["generator-1"].public, curve.keys).apply(sock)
+        sock.connect(target)
+        for _ in range(3):
+            try:
+                sock.send_multipart(forged, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        outsiders.append(sock)
+    assert subs[1].poll(1500) is None  # version 999 never arrives
+    assert subs[1].relay.zap.refused["unknown_key"] >= 2
+    threads = [reader(s, 1, got) for s in subs]
+    pub.publish(2, tensors_of(2, 1 << 16))
+    for t in threads:
+        t.join(20)
+    assert pub.relinked == 0 and not pub.stalled
+    want = {t.name: bytes(t.data) for t in tensors_of(2, 1 << 16)}
+    assert got[("generator-0", 2)][0] == want and got[("generator-1", 2)][0] == want
+    assert subs[0].relay.forwarded > 0 and subs[1].latest_version == 2  # the authenticated hop carried it
+    for sock in outsiders:
+        sock.close(0)
+    ctx.term()
+    for s in subs:
+        s.close()
+    pub.close()
