@@ -389,14 +389,18 @@ class Generator:
         log.info("%s: applied weights version %d (%s mode) in %.2f s", self.name, weights.version, mode, elapsed)
         return elapsed
 
-    async def subscribe_weights(self, endpoint: str, curve: CurveClient | None = None) -> None:
+    async def subscribe_weights(self, endpoint: str, curve: CurveClient | None = None, relay_host: str | None = None,
+                                relay_advertise: str = "") -> None:
         """Start the background thread that receives versions from the weights channel, applies and acks them.
-        `curve`: this replica's credentials when the channel is authenticated."""
+        `curve`: this replica's credentials when the channel is authenticated. `relay_host`: bind a forwarding
+        socket there and relay chunks to the next replica (core.weights_relay; None: receive only);
+        `relay_advertise`: this node's address, when `relay_host` is a wildcard."""
         if self._thread is not None:
             raise RuntimeError(f"{self.name} already subscribes to the weights channel")
         loop = asyncio.get_running_loop()
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._weights_loop, args=(endpoint, curve, loop, ready),
+        relay = (relay_host, relay_advertise)
+        self._thread = threading.Thread(target=self._weights_loop, args=(endpoint, curve, loop, ready, relay),
                                         name=f"{self.name}-weights", daemon=True)
         self._thread.start()
         await asyncio.to_thread(ready.wait, 30)
@@ -404,12 +408,13 @@ class Generator:
             raise RuntimeError(self._weights_error)
 
     def _weights_loop(self, endpoint: str, curve: CurveClient | None, loop: asyncio.AbstractEventLoop,
-                      ready: threading.Event) -> None:
+                      ready: threading.Event, relay: tuple[str | None, str] = (None, "")) -> None:
         subscriber = None
         try:
-            # Its socket is used by this thread only. A version can only hold this model's tensors.
+            # Its sockets are used by this thread only. A version can only hold this model's tensors.
             subscriber = WeightSubscriber(endpoint, name=self.name, curve=curve,
-                                          expected={n: shape for n, (_, shape) in self._expected_sent.items()})
+                                          expected={n: shape for n, (_, shape) in self._expected_sent.items()},
+                                          relay_host=relay[0], relay_advertise=relay[1])
             ready.set()
             while not self._stop.is_set():
                 weights = subscriber.poll(200)

@@ -54,6 +54,7 @@ class PublisherOptions:
     curve: CurveServer | None = None
     subscribers: list[str] | None = None  # the names admitted without CURVE (None: any)
     stall_timeout_s: float = 60.0
+    fanout: str = "star"  # star or relay (core.weights_relay)
 
 
 class Learner:
@@ -138,7 +139,8 @@ class Learner:
         if self.rank == 0 and publisher is not None:
             p = publisher
             self.publisher = WeightPublisher(p.host, p.port, chunk_bytes=p.chunk_bytes, curve=p.curve,
-                                             expected=p.subscribers, stall_timeout_s=p.stall_timeout_s)
+                                             expected=p.subscribers, stall_timeout_s=p.stall_timeout_s,
+                                             fanout=p.fanout)
         n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in scorer.parameters())
         return {"rank": self.rank, "parameters": n_params, "weights_endpoint": self.weights_endpoint()}
 
@@ -319,13 +321,14 @@ class Learner:
         """Gather (every rank) and send the current version to every subscriber (rank 0)."""
         start = time.perf_counter()
         tensors = self.gather_weights()
-        sent, bad, refused = 0, 0, 0
+        sent, bad, refused, relinked = 0, 0, 0, 0
         if self.publisher is not None:
             sent = self.publisher.publish(self.version, tensors)
             bad = self.publisher.drops.total
             refused = sum(self.publisher.zap.refused.values()) if self.publisher.zap is not None else 0
+            relinked = self.publisher.relinked  # relay chains re-linked around a replica, since start
         return {"version": self.version, "bytes": sent, "seconds": time.perf_counter() - start,
-                "bad_control_messages": bad, "auth_refused": refused}
+                "bad_control_messages": bad, "auth_refused": refused, "relinked": relinked}
 
     def wait_for_subscribers(self, n: int, timeout_s: float) -> int:
         if self.publisher is None:

@@ -64,6 +64,13 @@ class TransportConfig:
     weights_stall_timeout_s: float = spec(60.0, gt=0)
     """A generator that takes no chunk of a weight version for this long is skipped for that version (named in
     the log and in transport/weights_stalled), so that it cannot hold up the others."""
+    weights_fanout: str = spec("relay", choices=("relay", "star"))
+    """How a weight version reaches the generator replicas. `relay`: the learner sends each chunk once, to the
+    first replica of a chain, and each replica forwards every chunk to the next as soon as it has it (a version
+    reaches N replicas in about one transfer time plus N chunk latencies, and the learner's cost does not grow
+    with N); a replica that dies or stalls is re-linked around within weights_stall_timeout_s. Each replica then
+    binds one more port on `host` (a free one), authenticated like the other channels. `star`: the learner sends
+    every chunk to every replica."""
     auth: str = spec("auto", choices=("auto", "curve", "off"))
     """ZeroMQ CURVE on the trajectory and weights channels (keys made per run, held in memory): `auto` uses it
     whenever `host` is not loopback; `curve` always; `off` never (off loopback this needs allow_insecure)."""

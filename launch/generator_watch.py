@@ -19,8 +19,9 @@ log = logging.getLogger("agentgym.generators")
 
 class GeneratorWatch:
     def __init__(self, handles: Sequence[Any], weights_endpoint: str, curves: Sequence[Any],
-                 recovery_wait_s: float):
+                 recovery_wait_s: float, relay_host: str | None = None):
         self.handles, self.weights_endpoint, self.curves = list(handles), weights_endpoint, list(curves)
+        self.relay_host = relay_host  # where a replica binds its relay socket (None: star fan-out)
         self.recovery_wait_s = recovery_wait_s
         self.incarnations: list[str | None] = [None] * len(self.handles)
         self.down_since: dict[int, float] = {}
@@ -46,7 +47,8 @@ class GeneratorWatch:
             if self.incarnations[i] is not None and info["incarnation"] != self.incarnations[i]:
                 self.restarts += 1
                 log.warning("generator replica %d was restarted; subscribing it to the weights again", i)
-                ray.get(handle.subscribe_weights.remote(self.weights_endpoint, self.curves[i]), timeout=120)
+                ray.get(handle.subscribe_weights.remote(self.weights_endpoint, self.curves[i], self.relay_host),
+                        timeout=120)
                 self._republish = True
             self.incarnations[i] = info["incarnation"]
             if self.down_since.pop(i, None) is not None:

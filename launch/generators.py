@@ -80,6 +80,15 @@ class Replica(Generator):
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         super().__init__(model_path, cfg, wait_for_weights=restarted, **kwargs)
 
+    async def subscribe_weights(self, endpoint: str, curve: CurveClient | None = None, relay_host: str | None = None,
+                                relay_advertise: str = "") -> None:
+        """As Generator's; a relay socket bound to a wildcard is advertised under this node's address."""
+        import ray
+
+        if relay_host == "0.0.0.0" and not relay_advertise:
+            relay_advertise = ray.util.get_node_ip_address()
+        await super().subscribe_weights(endpoint, curve, relay_host, relay_advertise)
+
 
 def ray_name(name: str, tag: str) -> str | None:
     """The Ray actor name of replica `name` started under `tag` (None, unnamed, without a tag)."""
@@ -94,11 +103,13 @@ def replica_names(n: int, prefix: str = "generator") -> list[str]:
 def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str, max_model_len: int,
                      weights_endpoint: str = "", initial_version: int = 0, name_prefix: str = "generator",
                      timeout_s: float = 900.0, weights_curve: dict[str, CurveClient] | None = None,
-                     log_dir: str | None = None, actor_tag: str = "") -> list[Any]:
+                     log_dir: str | None = None, actor_tag: str = "",
+                     weights_relay_host: str | None = None) -> list[Any]:
     """Start `cfg.num_replicas` generator actors, wait until each engine is ready, subscribe them to weights.
     `weights_curve`: each replica's CURVE credentials by name (`<name_prefix>-<i>`), when the channel has them.
     `log_dir`: each replica's output goes to `<log_dir>/<name>.log` (None: to the driver's terminal).
-    `actor_tag`: replicas get the Ray actor names `ray_name(name, actor_tag)` (unique per start when it is)."""
+    `actor_tag`: replicas get the Ray actor names `ray_name(name, actor_tag)` (unique per start when it is).
+    `weights_relay_host`: each replica binds its relay forwarding socket there (None: the channel is a star)."""
     import ray
 
     remote_cls = ray.remote(Replica)
@@ -110,7 +121,8 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
     if weights_endpoint:
         curves = [weights_curve[n] if weights_curve else None for n in names]
-        ray.get([h.subscribe_weights.remote(weights_endpoint, c) for h, c in zip(handles, curves)], timeout=60)
+        ray.get([h.subscribe_weights.remote(weights_endpoint, c, weights_relay_host)
+                 for h, c in zip(handles, curves)], timeout=60)
     return handles
 
 

@@ -125,19 +125,21 @@ class Roles:
                                 weights_port=t.weights_port, weights_chunk_bytes=t.weights_chunk_mb << 20,
                                 weights_curve=keys.weights_server_side(replicas) if keys else None,
                                 weights_subscribers=replicas, weights_stall_timeout_s=t.weights_stall_timeout_s,
-                                log_dir=log_dir)
+                                log_dir=log_dir, weights_fanout=t.weights_fanout)
         generators, pools = [], None
         try:
             if resume_learner is not None:
                 learners.load_checkpoint(str(resume_learner))
             endpoint = advertised(learners.weights_endpoint, learners.rank0_address)
             curves = {n: keys.weights_client(n) for n in replicas} if keys else None
+            relay_host = t.host if t.weights_fanout == "relay" else None  # each replica's forwarding socket
             generators = start_generators(
                 model_dir, cfg.generator, dtype=cfg.model.dtype, max_model_len=cfg.rollout.max_context_tokens,
-                weights_endpoint=endpoint, weights_curve=curves, log_dir=log_dir, actor_tag=tag)
+                weights_endpoint=endpoint, weights_curve=curves, log_dir=log_dir, actor_tag=tag,
+                weights_relay_host=relay_host)
             learners.wait_for_subscribers(len(generators), timeout_s=120)
             watch = GeneratorWatch(generators, endpoint, [curves[n] if curves else None for n in replicas],
-                                   cfg.generator.recovery_wait_s)
+                                   cfg.generator.recovery_wait_s, relay_host=relay_host)
             watch.check()
             policy = PolicyClient(generators, recovery_wait_s=cfg.generator.recovery_wait_s,
                                   names=[ray_name(n, tag) for n in replicas])

@@ -230,9 +230,9 @@ def test_abort_mode_update_changes_versions_mid_turn(gen, ref, tiny_tokenizer, l
 
 
 def test_weights_channel_thread_applies_and_acks(gen, ref, loop):
-    publisher = WeightPublisher(chunk_bytes=64 << 10)  # several chunks for the tiny model
+    publisher = WeightPublisher(chunk_bytes=64 << 10, fanout="relay")  # several chunks for the tiny model
     try:
-        run(loop, gen.subscribe_weights(publisher.endpoint))
+        run(loop, gen.subscribe_weights(publisher.endpoint, relay_host="127.0.0.1"))
         publisher.wait_for_peers(1, timeout_s=10)
         new_state = perturbed(ref.state, seed=5)
         version = gen.version + 1
