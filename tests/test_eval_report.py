@@ -120,3 +120,34 @@ def test_a_checkpoint_names_its_run_base_model(tmp_path):
     assert run_base_model(str(step)) == "models/base"
     assert run_base_model(str(step.parent)) == "models/base"
     assert run_base_model(str(tmp_path / "elsewhere")) == ""
+
+
+def test_a_run_reuses_its_untrained_rows_only_when_measured_on_the_same_items(tmp_path):
+    """The session method alone, on a stand-in for the session: no roles are needed on these paths."""
+    from types import SimpleNamespace
+
+    from launch.session import TrainingSession
+
+    def rows_of(overrides, resume_from):
+        run = SimpleNamespace(cfg=load_config(None, ["eval.limit=3", *overrides]), out=tmp_path,
+                              resume_from=resume_from, roles=None)
+        return TrainingSession._untrained_rows(run)
+
+    assert rows_of(["eval.baselines=false"], None) == (None, [])
+    assert rows_of(["eval.at_end=false"], None) == (None, [])
+    rows, notes = rows_of([], tmp_path / "checkpoints" / "step_00000002")  # resumed, nothing measured
+    assert rows is None and "no untrained row" in notes[0]
+    # what a fresh start measured, as it stores it
+    import dataclasses
+
+    from core.checkpoint import write_json
+    from launch.evaluate import eval_limits
+
+    cfg = load_config(None, ["eval.limit=3"])
+    measured_on = {"episodes": {"babyai": [dataclasses.astuple(s) for s in eval_specs(cfg, "babyai")]},
+                   "limits": dataclasses.astuple(eval_limits(cfg))}
+    (tmp_path / "eval").mkdir()
+    write_json(tmp_path / "eval" / "untrained.json", {"rows": _rows()["untrained"], "measured_on": measured_on})
+    assert rows_of([], tmp_path / "checkpoints" / "step_00000002") == (_rows()["untrained"], [])
+    rows, notes = rows_of(["eval.limit=5"], tmp_path / "checkpoints" / "step_00000002")  # other items
+    assert rows is None and notes
