@@ -1,0 +1,42 @@
+"""The scale benchmark's machinery at a small size: the real coordinator, env pools (Ray actors) and trajectory
+channel run 100 TextCraft episodes in flight with stand-in model roles; none fails or is lost, each group is
+trained at most once, and every figure the benchmark reports is there and positive."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from launch.bench import scale
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    from launch import ray_cluster
+
+    ray_cluster.connect(num_cpus=8)
+    yield
+    ray_cluster.shutdown()
+
+
+def test_a_hundred_in_flight_on_one_actor(ray_local, tiny_model_dir):
+    args = scale.parser().parse_args(["--seconds", "1.5", "--warmup-s", "30", "--drain-s", "30", "--turns", "2"])
+    result = scale.run_level(100, 1, args, str(tiny_model_dir), scale.reply_tokens(str(tiny_model_dir)))
+    assert result["error"] == ""
+    assert result["failed"] == 0 and result["lost"] == 0, result
+    assert result["in_flight"] == 100 and result["slots"] == 100
+    for key in ("episodes_per_s", "trajectories_per_s", "driver_cpu_ms_per_traj", "pool_cpu_ms_per_step",
+                "mb_per_episode", "first_token_p50_ms", "first_token_p99_ms", "mean_in_flight"):
+        assert math.isfinite(result[key]) and result[key] > 0, (key, result[key])
+    assert result["first_token_p99_ms"] >= result["first_token_p50_ms"]
+    figures = scale.figures([result])
+    assert figures["scale_max_in_flight"] == 100
+    for key in ("coordinator_cpu_ms_per_traj_100", "trajectories_per_s_100", "mb_per_episode_in_flight_100",
+                "mb_per_episode_in_flight"):
+        assert figures[key] > 0, key
+
+
+def test_a_level_with_a_failure_does_not_count_as_reached():
+    ok = {"in_flight": 100, "failed": 0, "lost": 0}
+    assert scale.figures([ok, {"in_flight": 1000, "failed": 0, "lost": 3}])["scale_max_in_flight"] == 100
+    assert scale.figures([ok, {"in_flight": 1000, "failed": 1, "lost": 0}])["scale_max_in_flight"] == 100
