@@ -15,6 +15,10 @@ What must hold:
   stays held until the send completes, so a slow consumer slows the pool without blocking its event loop and
   without trajectories piling up in memory. A send that times out is counted and logged, never silent.
 - `run` returns a small EpisodeSummary; it never raises for env or policy failures.
+- Batched dispatch (what the supervisor uses, one Ray call per batch rather than per episode): `start(specs)`
+  runs each spec as `run` would, in the background, and `finished(wait_s)` hands back every outcome once, in the
+  order the episodes ended, as `(trajectory_id, summary, error)`; `error` names an exception `run` raised
+  (the summary is then None). Outcomes wait in memory until collected: at most one per episode started.
 """
 from __future__ import annotations
 
@@ -95,6 +99,9 @@ class EnvPool:
             if trajectory_endpoint else None
         self._counters: dict[str, float] = collections.defaultdict(float)
         self.in_flight = 0
+        self._started: dict[asyncio.Task, EpisodeSpec] = {}  # batched episodes running (strong references)
+        self._outcomes: list[tuple[str, EpisodeSummary | None, str]] = []
+        self._outcome_ready = asyncio.Event()
 
     # -- episodes ----------------------------------------------------------------------------------------
     async def run(self, spec: EpisodeSpec) -> EpisodeSummary:
@@ -119,6 +126,39 @@ class EnvPool:
             self._slots.release()
         return EpisodeSummary.of(traj, self.name, sent)
 
+    async def start(self, specs: list[EpisodeSpec]) -> str:
+        """Begin `specs` in the background (each as `run`); collect their outcomes with `finished`. Returns this
+        process's incarnation id."""
+        self._bind_loop()
+        for spec in specs:
+            task = asyncio.ensure_future(self.run(spec))
+            self._started[task] = spec
+            task.add_done_callback(self._episode_ended)
+        return self.incarnation
+
+    def _episode_ended(self, task: asyncio.Task) -> None:
+        spec = self._started.pop(task)
+        if task.cancelled():
+            self._outcomes.append((spec.trajectory_id, None, f"{self.name}: episode cancelled"))
+        elif task.exception() is not None:
+            exc = task.exception()
+            self._outcomes.append((spec.trajectory_id, None, f"{self.name}: {type(exc).__name__}: {exc}"[:500]))
+        else:
+            self._outcomes.append((spec.trajectory_id, task.result(), ""))
+        self._outcome_ready.set()
+
+    async def finished(self, wait_s: float = 5.0) -> list[tuple[str, EpisodeSummary | None, str]]:
+        """The outcomes of batched episodes that ended since the last call; waits up to `wait_s` for a first."""
+        self._bind_loop()
+        if not self._outcomes:
+            self._outcome_ready.clear()
+            try:
+                await asyncio.wait_for(self._outcome_ready.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+        out, self._outcomes = self._outcomes, []
+        return out
+
     def _bind_loop(self) -> None:
         """A Ray actor has one loop for life; in-process users (tests, benches) may run one loop after another."""
         loop = asyncio.get_running_loop()
@@ -129,6 +169,7 @@ class EnvPool:
         self._loop = loop
         self._slots = asyncio.Semaphore(self.env_cfg.slots_per_actor)
         self._family_slots = {}
+        self._outcome_ready = asyncio.Event()
 
     def _family_slot(self, family: str) -> asyncio.Semaphore:
         if family not in self._family_slots:

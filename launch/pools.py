@@ -11,7 +11,10 @@ this supervisor awaits one call per episode and routes each to the least-loaded 
 
 What must hold:
 - `run(spec)` sends the episode to the actor with the fewest episodes in flight and returns its
-  EpisodeSummary. If that actor dies meanwhile, the episode is reported lost (a summary with termination
+  EpisodeSummary. Dispatch is batched: the episodes routed to one actor in one event-loop turn go in one
+  `start` call, and one long-polling `finished` call per busy actor brings their summaries back, so the
+  driver's cost per episode is not a Ray call's (one call per episode was most of the coordinator's CPU).
+  An episode dispatched to an actor as it dies is reported lost, even if a restarted actor ran it. If that actor dies meanwhile, the episode is reported lost (a summary with termination
   `lost`, counted in `pool/lost` and kept in `lost_specs`), never silently dropped; `resubmit=n` retries it
   up to n times on whichever actor is then least loaded.
 - A dead actor gets no new episodes until it answers again: calls to a restarting actor fail at once with
@@ -67,6 +70,13 @@ class PoolSupervisor:
         self._watchers: dict[int, asyncio.Task] = {}
         self._up_event: asyncio.Event | None = None
         self._next = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: list[dict[str, asyncio.Future]] = [{} for _ in range(count)]  # by trajectory id
+        self._outbox: list[list[EpisodeSpec]] = [[] for _ in range(count)]
+        self._flush_due = False
+        self._collectors: dict[int, asyncio.Task] = {}
+        self._calls: set[asyncio.Task] = set()
+        self.collect_wait_s = 5.0
         self.counters: dict[str, float] = collections.defaultdict(float)
         self.lost_specs: list[EpisodeSpec] = []
 
@@ -126,23 +136,88 @@ class PoolSupervisor:
 
     async def run(self, spec: EpisodeSpec, resubmit: int = 0) -> EpisodeSummary:
         k = await self._pick()
-        self._in_flight[k][spec.trajectory_id] = spec
+        tid = spec.trajectory_id
+        self._in_flight[k][tid] = spec
+        outcome = self._bind().create_future()
+        self._waiting[k][tid] = outcome
+        self._outbox[k].append(spec)
+        if not self._flush_due:
+            self._flush_due = True
+            self._loop.call_soon(self._flush)
         try:
-            return await self.actors[k].run.remote(spec)
+            return await outcome
         except RayActorError as exc:
             self._mark_down(k)
             self.counters["pool/lost"] += 1
             self.counters[f"pool/{self.names[k]}/lost"] += 1
             self.lost_specs.append(spec)
-            log.warning("episode %s lost: actor %s died (%s)", spec.trajectory_id, self.names[k],
-                        type(exc).__name__)
+            log.warning("episode %s lost: actor %s died (%s)", tid, self.names[k], type(exc).__name__)
             if resubmit > 0:
                 self.counters["pool/resubmitted"] += 1
                 return await self.run(spec, resubmit - 1)
-            return EpisodeSummary.lost(spec.trajectory_id, spec.item_id, family_of(spec.item_id, self.env_cfg),
+            return EpisodeSummary.lost(tid, spec.item_id, family_of(spec.item_id, self.env_cfg),
                                        self.names[k], f"{type(exc).__name__}: {str(exc)[:300]}")
         finally:
-            self._in_flight[k].pop(spec.trajectory_id, None)
+            self._in_flight[k].pop(tid, None)
+            self._waiting[k].pop(tid, None)
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        """The running loop; a new one (in-process users may run one after another) starts from a clean slate."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._flush_due, self._collectors = loop, False, {}
+            self._outbox = [[] for _ in self.actors]
+        return loop
+
+    def _flush(self) -> None:
+        """One `start` call per actor for the episodes routed to it since the last flush."""
+        self._flush_due = False
+        for k, specs in enumerate(self._outbox):
+            if specs:
+                self._outbox[k] = []
+                self._spawn(self._start(k, specs))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+        return task
+
+    async def _start(self, k: int, specs: list[EpisodeSpec]) -> None:
+        try:
+            await self.actors[k].start.remote(specs)
+        except RayActorError as exc:
+            self._fail(k, [s.trajectory_id for s in specs], exc)
+            return
+        if k not in self._collectors:
+            self._collectors[k] = self._spawn(self._collect(k))
+
+    async def _collect(self, k: int) -> None:
+        """Bring actor k's summaries back while it has episodes out; its failure fails every one of them."""
+        try:
+            while self._waiting[k]:
+                try:
+                    outcomes = await self.actors[k].finished.remote(self.collect_wait_s)
+                except RayActorError as exc:
+                    self._fail(k, list(self._waiting[k]), exc)
+                    return
+                for tid, summary, error in outcomes:
+                    waiting = self._waiting[k].get(tid)
+                    if waiting is None or waiting.done():
+                        continue  # its caller gave up (cancelled)
+                    if error:
+                        waiting.set_exception(RuntimeError(error))
+                    else:
+                        waiting.set_result(summary)
+        finally:
+            if self._collectors.get(k) is asyncio.current_task():
+                del self._collectors[k]
+
+    def _fail(self, k: int, tids: list[str], exc: BaseException) -> None:
+        for tid in tids:
+            waiting = self._waiting[k].get(tid)
+            if waiting is not None and not waiting.done():
+                waiting.set_exception(exc)
 
     async def run_many(self, specs: list[EpisodeSpec], resubmit: int = 0) -> list[EpisodeSummary]:
         return list(await asyncio.gather(*(self.run(s, resubmit) for s in specs)))
@@ -172,8 +247,9 @@ class PoolSupervisor:
         return dict(out)
 
     def shutdown(self) -> None:
-        for watcher in self._watchers.values():
-            watcher.cancel()
+        for task in [*self._watchers.values(), *self._calls]:
+            if not task.done():
+                task.cancel()
         for actor in self.actors:
             try:
                 ray.get(actor.close.remote(), timeout=15)
