@@ -134,8 +134,13 @@ class Coordinator:
         try:
             while not stop.is_set():
                 traj = self.receiver.recv(100)
-                if traj is not None:
-                    loop.call_soon_threadsafe(self._arrived.put_nowait, traj)
+                if traj is None:
+                    continue
+                # What is already queued goes over in the same hand-off: one loop wake-up per burst, not per record.
+                arrived = [traj]
+                while len(arrived) < 256 and (traj := self.receiver.recv(0)) is not None:
+                    arrived.append(traj)
+                loop.call_soon_threadsafe(self._arrived.put_nowait, arrived)
         except BaseException as exc:
             self._pump_error = exc  # the watchdog raises it in the run's own task
             log.critical("the trajectory receiver thread died: %r", exc)
@@ -199,9 +204,11 @@ class Coordinator:
                     raise RuntimeError(f"the env pools failed: {self._fatal!r}") from self._fatal
                 self._admit()
                 try:
-                    self._file(await asyncio.wait_for(self._arrived.get(), timeout=0.5))
+                    for traj in await asyncio.wait_for(self._arrived.get(), timeout=0.5):
+                        self._file(traj)
                     while not self._arrived.empty():
-                        self._file(self._arrived.get_nowait())
+                        for traj in self._arrived.get_nowait():
+                            self._file(traj)
                 except asyncio.TimeoutError:
                     pass
                 batch = self._fresh_batch()
