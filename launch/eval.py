@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,15 +151,16 @@ def _with_generators(cfg: Any, model: str, out: Path, work) -> Any:
     """Start generators serving `model`, call `work(roles)`, stop them."""
     from actors.policy_client import PolicyClient
     from core.models import resolve_model
-    from launch.generators import start_generators, stop_generators
+    from launch.generators import ray_name, replica_names, start_generators, stop_generators
 
-    generators = []
+    generators, tag = [], f"eval-{uuid.uuid4().hex[:8]}"  # named replicas travel to the env pools by name
     try:
         model_dir = resolve_model(model, cfg.model.cache_dir)
         generators = start_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
-                                      max_model_len=cfg.rollout.max_context_tokens,
+                                      max_model_len=cfg.rollout.max_context_tokens, actor_tag=tag,
                                       log_dir=None if cfg.logging.verbose else str(out.resolve() / "logs"))
-        return work(EvalRoles(model_dir, generators, PolicyClient(generators)))
+        names = [ray_name(n, tag) for n in replica_names(len(generators))]
+        return work(EvalRoles(model_dir, generators, PolicyClient(generators, names=names)))
     finally:
         if generators:
             stop_generators(generators)
