@@ -29,8 +29,7 @@ import zmq
 from core.curve import CurveServer, peer_name, release_handler, serve_curve
 from core.trajectory import WireError
 from core.transport import LOOPBACK, DropLog, bind_endpoint
-from core.weights_control import MAX_CONTROL_BYTES  # noqa: F401 - the subscriber's frame size bound
-from core.weights_control import Progress, control, endpoint_field, field, parse_progress
+from core.weights_control import MAX_CONTROL_BYTES, Progress, control, endpoint_field, field, parse_progress
 
 log = logging.getLogger("agentgym.weights")
 

@@ -6,9 +6,10 @@ What must hold:
   publisher named as this subscriber's predecessors (all of them keys the run issued to its subscribers), so an
   outsider cannot push a single chunk into the chain. Without CURVE it is bound where the publisher is (loopback,
   or a network the run was told to trust).
-- Forwarding never grows memory past `hwm` messages: frames go out zero-copy (the received frames themselves);
-  when the successor's queue is full they wait in `pending`, and the subscriber reads no more input until they
-  are gone (backpressure up the chain). A successor that takes nothing for `stall_timeout_s` is dropped here
+- Forwarding never holds more than about `hwm` chunks per direction (32: deep enough that a pipeline of
+  processes sharing cores does not stall at every scheduling hiccup). Frames go out zero-copy (the received
+  frames themselves); when the successor's queue is full they wait in `pending`, and the subscriber reads no
+  more input until they are gone (backpressure up the chain). A successor that takes nothing for `stall_timeout_s` is dropped here
   (`dropped_successors`), so a dead or stalled successor blocks its predecessor for at most that long.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ log = logging.getLogger("agentgym.weights")
 
 class Forwarder:
     def __init__(self, ctx: zmq.Context, name: str, host: str, keys: KeyPair | None, max_chunk_bytes: int,
-                 hwm: int = 8, advertise: str = ""):
+                 hwm: int = 32, advertise: str = ""):
         self._ctx, self.name, self.keys, self.hwm = ctx, name, keys, hwm
         self.inbound = ctx.socket(zmq.ROUTER)
         self.inbound.setsockopt(zmq.RCVHWM, hwm)

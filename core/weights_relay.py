@@ -148,8 +148,8 @@ class RelayFanout:
                 silent = now - max(self.pub.heard.get(name, 0.0), self.start)
                 if silent > self.pub.stall_timeout_s:
                     self.lose(name, f"stalled: sent nothing for {silent:.1f} s while relaying version {self.version}")
-                elif not self.blocked(name) and name not in self.feeds:
-                    self.refeed(name, "took no chunk from its predecessor")
+                elif not self.blocked(name):  # alive, not waiting on its successor: the way in is broken
+                    self.refeed(name, "took no chunk from its feeder")
         self.pub.suspects = set(self.lost)
 
     def _send(self) -> bool:

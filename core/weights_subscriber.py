@@ -30,8 +30,8 @@ from core.curve import CurveClient, release_handler
 from core.trajectory import WireError
 from core.transport import DropLog
 from core.weights_channel import MAX_CONTROL_BYTES, TensorBytes, WeightSet, itemsize
-from core.weights_forward import Forwarder
 from core.weights_control import parse_link, progress_message
+from core.weights_forward import Forwarder
 
 log = logging.getLogger("agentgym.weights")
 
@@ -214,10 +214,13 @@ class WeightSubscriber:
                 return None
 
     def _receive(self, frames: list, source: str) -> None:
-        try:
-            if frames and bytes(frames[0].buffer) == b"L" and source == "the publisher":
+        if frames and bytes(frames[0].buffer) == b"L" and source == "the publisher":
+            try:
                 self._link(frames)
-                return
+            except WireError as exc:
+                self.drops.drop(f"{source} (at {self.name})", exc.field, str(exc))
+            return
+        try:
             done = self._accept([f.buffer for f in frames])
         except WireError as exc:
             if self._assembly is not None:  # a version with a bad chunk cannot be trusted
@@ -245,8 +248,12 @@ class WeightSubscriber:
         """Tell the publisher what this subscriber holds (core.weights_relay reads it)."""
         a = self._assembly
         have = (a.version, a.next_seq, False) if a is not None else (self.latest_version, 0, True)
-        self._sock.send_multipart(progress_message(*have, self._epoch, self.relay is not None and self.relay.blocked))
         self._reported = time.monotonic()
+        try:  # never blocks: with the publisher gone, reports are dropped, not queued without end
+            blocked = self.relay is not None and self.relay.blocked
+            self._sock.send_multipart(progress_message(*have, self._epoch, blocked), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def _hand_out(self) -> WeightSet:
         done, self._ready = self._ready, None
@@ -256,8 +263,8 @@ class WeightSubscriber:
     @property
     def held_bytes(self) -> int:
         """Bytes of receive buffers this subscriber holds now (handed out, spare and being assembled)."""
-        sets = [self._handed_out, self._spare, self._ready_buffers] + ([{n: b for n, (_, _, b) in self._assembly.buffers.items()}]
-                                                  if self._assembly is not None else [])
+        assembling = self._assembly.buffers.items() if self._assembly is not None else ()
+        sets = [self._handed_out, self._spare, self._ready_buffers, {n: b for n, (_, _, b) in assembling}]
         return sum(b.nbytes for held in sets for b in held.values())
 
     @property
