@@ -10,7 +10,8 @@ What must hold:
   processes sharing cores does not stall at every scheduling hiccup). Frames go out zero-copy (the received
   frames themselves); when the successor's queue is full they wait in `pending`, and the subscriber reads no
   more input until they are gone (backpressure up the chain). A successor that takes nothing for `stall_timeout_s` is dropped here
-  (`dropped_successors`), so a dead or stalled successor blocks its predecessor for at most that long.
+  (`dropped_successors`), so a dead or stalled successor blocks its predecessor for at most that long; one
+  whose connection closes after its handshake (a killed process) is dropped as soon as that is seen.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import logging
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from core.curve import CurveClient, CurveServer, KeyPair, serve_curve
 from core.transport import bind_endpoint
@@ -39,6 +41,8 @@ class Forwarder:
         # A wildcard bind is advertised under the address given (the node's own), so that others can connect.
         self.endpoint = bound.replace("0.0.0.0", advertise) if advertise else bound
         self.out: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._handshaken = False
         self.next = ""
         self.pending: collections.deque[list] = collections.deque()
         self.blocked_since = 0.0
@@ -69,6 +73,8 @@ class Forwarder:
         self.out.setsockopt(zmq.LINGER, 0)
         if self.keys is not None:
             CurveClient(server_key.encode(), self.keys).apply(self.out)
+        self._monitor = self.out.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._handshaken = False
         self.out.connect(endpoint)
 
     def forward(self, frames: list) -> None:
@@ -86,12 +92,16 @@ class Forwarder:
                 now = time.monotonic()
                 if not self.blocked_since:
                     self.blocked_since = now
+                if self._successor_gone():
+                    why = "closed its connection"
                 elif now - self.blocked_since > self.stall_timeout_s:
-                    log.warning("%s: successor %s took no chunk for %.1f s; forwarding to nobody", self.name,
-                                self.next, now - self.blocked_since)
-                    self.dropped_successors += 1
-                    self._close_out()
-                return False
+                    why = f"took no chunk for {now - self.blocked_since:.1f} s"
+                else:
+                    return False
+                log.warning("%s: successor %s %s; forwarding to nobody", self.name, self.next, why)
+                self.dropped_successors += 1
+                self._close_out()
+                return True
             self.pending.popleft()
             self.forwarded += 1
             self.blocked_since = 0.0
@@ -101,7 +111,21 @@ class Forwarder:
     def blocked(self) -> bool:
         return bool(self.pending)
 
+    def _successor_gone(self) -> bool:
+        """Whether the successor's connection closed after a completed handshake (an auth race does not count)."""
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshaken = True
+            elif event == zmq.EVENT_DISCONNECTED and self._handshaken:
+                return True
+        return False
+
     def _close_out(self) -> None:
+        if self._monitor is not None:
+            self.out.disable_monitor()
+            self._monitor.close(0)
+            self._monitor = None
         if self.out is not None:
             self.out.close(0)
         self.out = None
@@ -112,6 +136,10 @@ class Forwarder:
     def close(self, linger_ms: int = 5000) -> None:
         """Close; chunks already handed to the successor's queue still go out (up to `linger_ms`)."""
         if self.out is not None:
+            if self._monitor is not None:
+                self.out.disable_monitor()
+                self._monitor.close(0)
+                self._monitor = None
             self.out.close(linger_ms)
             self.out = None
         self._close_out()

@@ -30,6 +30,7 @@ from core.weights_control import Link, link_message
 log = logging.getLogger("agentgym.weights")
 
 LINK_CONFIRM_S = 2.0  # how long a changed chain waits for its members to confirm their links before sending
+PROBE_S = 1.0  # a member silent this long is sent its link again: a closed connection then shows at once
 
 
 class RelayFanout:
@@ -47,6 +48,7 @@ class RelayFanout:
         self.advanced = {n: self.start for n in self.members}
         self.seen = {n: -1 for n in self.members}
         self.outbox: dict[str, list] = {}
+        self.probed: dict[str, float] = {}
 
     # -- what each member holds ---------------------------------------------------------------------------------
 
@@ -72,9 +74,10 @@ class RelayFanout:
 
     # -- links ------------------------------------------------------------------------------------------------
 
-    def link(self, name: str, successor: str) -> bool:
-        """Tell `name` to forward to `successor` ("" : nobody), if that is not what it was told last."""
-        if self.pub.links.get(name) == successor and name not in self.outbox:
+    def link(self, name: str, successor: str, again: bool = False) -> bool:
+        """Tell `name` to forward to `successor` ("" : nobody), if that is not what it was told last (`again`:
+        even so; a member answers every link with a progress report)."""
+        if self.pub.links.get(name) == successor and name not in self.outbox and not again:
             return False
         self.pub.link_epoch += 1
         keys = self.pub.keys
@@ -143,9 +146,12 @@ class RelayFanout:
                     # The clock runs only while it has had chunks to take and took none: waiting on its feeder
                     # (or on a successor that blocks its forwarding) is not its fault.
                     self.seen[name], self.advanced[name] = have, now
-                if now - self.advanced[name] <= self.pub.stall_timeout_s:
-                    continue
                 silent = now - max(self.pub.heard.get(name, 0.0), self.start)
+                if silent > PROBE_S and now - self.probed.get(name, 0.0) > PROBE_S and name in self.chain:
+                    self.probed[name] = now  # a killed member's connection is gone: sending to it says so
+                    self.link(name, self.pub.links.get(name, ""), again=True)
+                if name in self.lost or now - self.advanced[name] <= self.pub.stall_timeout_s:
+                    continue
                 if silent > self.pub.stall_timeout_s:
                     self.lose(name, f"stalled: sent nothing for {silent:.1f} s while relaying version {self.version}")
                 elif not self.blocked(name):  # alive, not waiting on its successor: the way in is broken

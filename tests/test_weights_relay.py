@@ -98,7 +98,8 @@ def _subscriber_process(endpoint: str, name: str, stop_after: int, holding, vers
 
 def test_a_subscriber_killed_mid_version_is_relinked_around_and_counted():
     ctx = mp.get_context("spawn")
-    pub = WeightPublisher(chunk_bytes=128 << 10, fanout="relay", stall_timeout_s=1.0)
+    stall = 10.0  # far longer than the test may take: the closed connection gives the dead one away
+    pub = WeightPublisher(chunk_bytes=128 << 10, fanout="relay", stall_timeout_s=stall)
     holding, results = ctx.Event(), ctx.Queue()
     procs = {}
     for i, name in enumerate(["gen-0", "victim", "gen-2"]):
@@ -117,7 +118,7 @@ def test_a_subscriber_killed_mid_version_is_relinked_around_and_counted():
     assert acks["gen-0"] == (True, "") and acks["gen-2"] == (True, "")
     assert acks["victim"][0] is False and acks["victim"][1].startswith("stalled:")
     assert "victim" in pub.stalled[1] and pub.relinked >= 1
-    assert publish_s < 1.0 * 3 + 5.0, publish_s  # the stall timeouts and the transfer, not forever
+    assert publish_s < stall / 2, publish_s  # found dead when its connection closed, not after the stall timeout
     # The next version goes around the dead one at once (it was dropped or sits at the chain's tail).
     pub.publish(2, tensors_of(2))
     assert pub.wait_acks(2, timeout_s=20).get("gen-2") == (True, "")
@@ -149,7 +150,9 @@ def test_a_stalled_head_does_not_hold_up_the_chain_beyond_the_stall_timeout():
                 pub.wait_acks(version, timeout_s=10)
                 data, at = got[(s.name, version)]
             assert data == want
-            assert at - started < stall * 2 + 4.0, (version, at - started)
+            # At most: the wait for links to be confirmed (first version), the stall timeout, and the transfer
+            # (on a loaded 2-core machine), never the stalled subscriber's own pace.
+            assert at - started < stall * 2 + 8.0, (version, at - started)
         acks = pub.wait_acks(version, timeout_s=10)
         assert acks["stalled"][0] is False and acks["stalled"][1].startswith("stalled:")
         assert "stalled" in pub.stalled[version]
