@@ -105,11 +105,16 @@ def evaluate_rows(cfg: RootConfig, policy: Any, tokenizer_dir: str, out_dir: Pat
                            log_dir=None if cfg.logging.verbose else str(out_dir.resolve() / "logs"))
     try:
         pools.wait_ready()
-        results = []
-        for family in families:
-            trajs, lost = asyncio.run(run_specs(pools, receiver, eval_specs(cfg, family),
-                                                progress=cfg.logging.progress_bar))
-            results.append(summarize(family, trajs, lost=len(lost)))
+
+        async def every_family() -> list[dict]:  # one event loop for all: the supervisor's calls live on it
+            results = []
+            for family in families:
+                trajs, lost = await run_specs(pools, receiver, eval_specs(cfg, family),
+                                              progress=cfg.logging.progress_bar)
+                results.append(summarize(family, trajs, lost=len(lost)))
+            return results
+
+        results = asyncio.run(every_family())
     finally:
         pools.shutdown()
         receiver.close()
