@@ -15,10 +15,11 @@ What must hold:
   stays held until the send completes, so a slow consumer slows the pool without blocking its event loop and
   without trajectories piling up in memory. A send that times out is counted and logged, never silent.
 - `run` returns a small EpisodeSummary; it never raises for env or policy failures.
-- Batched dispatch (what the supervisor uses, one Ray call per batch rather than per episode): `start(specs)`
-  runs each spec as `run` would, in the background, and `finished(wait_s)` hands back every outcome once, in the
-  order the episodes ended, as `(trajectory_id, summary, error)`; `error` names an exception `run` raised
-  (the summary is then None). Outcomes wait in memory until collected: at most one per episode started.
+- Batched dispatch (what the supervisor uses, one Ray call per batch rather than per episode): `start(rows)`
+  runs each EpisodeSpec (given as the tuple of its fields: plain values cross Ray without pickling a class)
+  as `run` would, in the background, and `finished(wait_s, linger_s)` hands back every outcome once, in the
+  order the episodes ended, as `(trajectory_id, summary fields, error)`; `error` names an exception `run`
+  raised (the fields are then None). Outcomes wait in memory until collected: at most one per episode started.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ class EnvPool:
         self._counters: dict[str, float] = collections.defaultdict(float)
         self.in_flight = 0
         self._started: dict[asyncio.Task, EpisodeSpec] = {}  # batched episodes running (strong references)
-        self._outcomes: list[tuple[str, EpisodeSummary | None, str]] = []
+        self._outcomes: list[tuple[str, tuple | None, str]] = []
         self._outcome_ready = asyncio.Event()
 
     # -- episodes ----------------------------------------------------------------------------------------
@@ -126,11 +127,12 @@ class EnvPool:
             self._slots.release()
         return EpisodeSummary.of(traj, self.name, sent)
 
-    async def start(self, specs: list[EpisodeSpec]) -> str:
-        """Begin `specs` in the background (each as `run`); collect their outcomes with `finished`. Returns this
-        process's incarnation id."""
+    async def start(self, rows: list[tuple]) -> str:
+        """Begin the episodes whose EpisodeSpec fields are `rows` in the background (each as `run`); collect their
+        outcomes with `finished`. Returns this process's incarnation id."""
         self._bind_loop()
-        for spec in specs:
+        for row in rows:
+            spec = row if isinstance(row, EpisodeSpec) else EpisodeSpec(*row)
             task = asyncio.ensure_future(self.run(spec))
             self._started[task] = spec
             task.add_done_callback(self._episode_ended)
@@ -144,11 +146,12 @@ class EnvPool:
             exc = task.exception()
             self._outcomes.append((spec.trajectory_id, None, f"{self.name}: {type(exc).__name__}: {exc}"[:500]))
         else:
-            self._outcomes.append((spec.trajectory_id, task.result(), ""))
+            self._outcomes.append((spec.trajectory_id, dataclasses.astuple(task.result()), ""))
         self._outcome_ready.set()
 
-    async def finished(self, wait_s: float = 5.0) -> list[tuple[str, EpisodeSummary | None, str]]:
-        """The outcomes of batched episodes that ended since the last call; waits up to `wait_s` for a first."""
+    async def finished(self, wait_s: float = 5.0, linger_s: float = 0.0) -> list[tuple[str, tuple | None, str]]:
+        """The outcomes of batched episodes that ended since the last call: waits up to `wait_s` for a first, then
+        `linger_s` more for others to join it (fewer calls per episode when episodes end one by one)."""
         self._bind_loop()
         if not self._outcomes:
             self._outcome_ready.clear()
@@ -156,6 +159,8 @@ class EnvPool:
                 await asyncio.wait_for(self._outcome_ready.wait(), wait_s)
             except asyncio.TimeoutError:
                 pass
+        if self._outcomes and linger_s > 0:
+            await asyncio.sleep(linger_s)
         out, self._outcomes = self._outcomes, []
         return out
 

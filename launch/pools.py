@@ -11,12 +11,14 @@ this supervisor awaits one call per episode and routes each to the least-loaded 
 
 What must hold:
 - `run(spec)` sends the episode to the actor with the fewest episodes in flight and returns its
-  EpisodeSummary. Dispatch is batched: the episodes routed to one actor in one event-loop turn go in one
-  `start` call, and one long-polling `finished` call per busy actor brings their summaries back, so the
-  driver's cost per episode is not a Ray call's (one call per episode was most of the coordinator's CPU).
-  An episode dispatched to an actor as it dies is reported lost, even if a restarted actor ran it. If that actor dies meanwhile, the episode is reported lost (a summary with termination
-  `lost`, counted in `pool/lost` and kept in `lost_specs`), never silently dropped; `resubmit=n` retries it
-  up to n times on whichever actor is then least loaded.
+  EpisodeSummary. Dispatch is batched: the episodes routed to one actor within `dispatch_delay_s` (or until
+  `dispatch_batch` wait) go in one `start` call, and one long-polling `finished` call per busy actor brings their summaries back (lingering
+  `collect_linger_s` for more), so the driver's cost per episode is not a Ray call's (one call per episode
+  was most of the coordinator's CPU); specs and summaries cross as tuples of plain values.
+- If that actor dies meanwhile, the episode is reported lost (a summary with termination `lost`, counted in
+  `pool/lost` and kept in `lost_specs`), never silently dropped; `resubmit=n` retries it up to n times on
+  whichever actor is then least loaded. An episode dispatched to an actor as it dies is reported lost even if
+  a restarted actor ran it (its trajectory is then an orphan, never trained).
 - A dead actor gets no new episodes until it answers again: calls to a restarting actor fail at once with
   ActorUnavailableError, so after a failure the supervisor probes the actor and dispatches to the others
   meanwhile. Its return is detected by the pool's incarnation id changing and counted in
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 from typing import Any, Callable
 
@@ -76,7 +79,11 @@ class PoolSupervisor:
         self._flush_due = False
         self._collectors: dict[int, asyncio.Task] = {}
         self._calls: set[asyncio.Task] = set()
-        self.collect_wait_s = 5.0
+        # Latency traded for fewer Ray calls (each costs the driver more than the rest of an episode's handling);
+        # a burst of `dispatch_batch` episodes goes at once. Episodes last seconds: 0.1 s of dispatch delay is small.
+        self.collect_wait_s, self.collect_linger_s = 5.0, 0.2
+        self.dispatch_delay_s, self.dispatch_batch = 0.1, 64
+        self._pending = 0
         self.counters: dict[str, float] = collections.defaultdict(float)
         self.lost_specs: list[EpisodeSpec] = []
 
@@ -141,9 +148,12 @@ class PoolSupervisor:
         outcome = self._bind().create_future()
         self._waiting[k][tid] = outcome
         self._outbox[k].append(spec)
-        if not self._flush_due:
+        self._pending += 1
+        if self._pending >= self.dispatch_batch:
+            self._flush()
+        elif not self._flush_due:
             self._flush_due = True
-            self._loop.call_soon(self._flush)
+            self._loop.call_later(self.dispatch_delay_s, self._flush)
         try:
             return await outcome
         except RayActorError as exc:
@@ -165,13 +175,13 @@ class PoolSupervisor:
         """The running loop; a new one (in-process users may run one after another) starts from a clean slate."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._flush_due, self._collectors = loop, False, {}
+            self._loop, self._flush_due, self._collectors, self._pending = loop, False, {}, 0
             self._outbox = [[] for _ in self.actors]
         return loop
 
     def _flush(self) -> None:
         """One `start` call per actor for the episodes routed to it since the last flush."""
-        self._flush_due = False
+        self._flush_due, self._pending = False, 0
         for k, specs in enumerate(self._outbox):
             if specs:
                 self._outbox[k] = []
@@ -185,7 +195,7 @@ class PoolSupervisor:
 
     async def _start(self, k: int, specs: list[EpisodeSpec]) -> None:
         try:
-            await self.actors[k].start.remote(specs)
+            await self.actors[k].start.remote([dataclasses.astuple(s) for s in specs])
         except RayActorError as exc:
             self._fail(k, [s.trajectory_id for s in specs], exc)
             return
@@ -197,18 +207,18 @@ class PoolSupervisor:
         try:
             while self._waiting[k]:
                 try:
-                    outcomes = await self.actors[k].finished.remote(self.collect_wait_s)
+                    outcomes = await self.actors[k].finished.remote(self.collect_wait_s, self.collect_linger_s)
                 except RayActorError as exc:
                     self._fail(k, list(self._waiting[k]), exc)
                     return
-                for tid, summary, error in outcomes:
+                for tid, fields, error in outcomes:
                     waiting = self._waiting[k].get(tid)
                     if waiting is None or waiting.done():
                         continue  # its caller gave up (cancelled)
                     if error:
                         waiting.set_exception(RuntimeError(error))
                     else:
-                        waiting.set_result(summary)
+                        waiting.set_result(EpisodeSummary(*fields))
         finally:
             if self._collectors.get(k) is asyncio.current_task():
                 del self._collectors[k]

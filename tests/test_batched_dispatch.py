@@ -4,9 +4,11 @@ test_scale_bench)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 from actors.env_pool import EnvPool
+from actors.episode_summary import EpisodeSummary
 from configs.env import EnvConfig
 from core.rollout import EpisodeLimits, EpisodeSpec
 from core.scripted_policy import ScriptedPolicy
@@ -22,17 +24,17 @@ def test_start_runs_a_batch_and_finished_returns_each_outcome_once(tiny_model_di
     specs.append(EpisodeSpec("bad", "nosuchfamily_1", "gbad", 0, 2))
 
     async def main():
-        assert await pool.start(specs) == pool.incarnation
+        assert await pool.start([specs[0], *(dataclasses.astuple(s) for s in specs[1:])]) == pool.incarnation
         outcomes = []
         while len(outcomes) < len(specs):
-            got = await pool.finished(wait_s=5.0)
+            got = await pool.finished(wait_s=5.0, linger_s=0.01)
             assert got, "no outcome within 5 s"
             outcomes += got
         assert await pool.finished(wait_s=0.05) == []  # each outcome is handed back once
         return outcomes
 
     outcomes = asyncio.run(main())
-    by_id = {tid: (summary, error) for tid, summary, error in outcomes}
+    by_id = {tid: (fields and EpisodeSummary(*fields), error) for tid, fields, error in outcomes}
     assert len(outcomes) == len(by_id) == 8
     for n in range(7):
         summary, error = by_id[f"t{n}"]

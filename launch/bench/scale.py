@@ -7,8 +7,8 @@ TextCraft action (`inventory`) and learners that consume each batch at once. So 
 plane: admission, dispatch, the pools' episode loop, the channel and the group buffer.
 
 For each number of episodes in flight (the coordinator's groups in flight times the group size) and each number
-of env actors, the run fills the pipeline, waits until half as many trajectories as are in flight have arrived,
-then measures for `--seconds`, then stops admitting and drains every episode. Each actor gets enough env slots
+of env actors, the run fills the pipeline, waits until as many trajectories as are in flight have arrived (one
+turnover), then measures for `--seconds`, then stops admitting and drains every episode. Each actor gets env slots
 for its share (`env.slots_per_actor` = in flight / actors), so every episode in flight holds a slot. Reported:
 - episodes/s (summaries back at the coordinator) and trajectories/s (filed by it);
 - the driver's CPU ms per trajectory (process CPU time of the driver, all its threads, Ray's included);
@@ -131,7 +131,7 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
     async def measure() -> None:
         began = time.monotonic()
         deadline = began + args.warmup_s
-        while coordinator._received < out["in_flight"] // 2 and time.monotonic() < deadline:
+        while coordinator._received < out["in_flight"] and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         await asyncio.to_thread(lambda: ray.get(generator.take_first_seen.remote()))
         noting[0] = True
@@ -265,7 +265,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--turns", type=int, default=2, help="turns per episode (the horizon)")
     p.add_argument("--seconds", type=float, default=10.0, help="measuring window per run")
-    p.add_argument("--warmup-s", type=float, default=90.0, help="at most this long to fill the pipeline")
+    p.add_argument("--warmup-s", type=float, default=150.0, help="at most this long to fill the pipeline")
     p.add_argument("--drain-s", type=float, default=120.0, help="at most this long to drain it")
     p.add_argument("--env-timeout-s", type=float, default=900.0, help="env.step_timeout_s and reset_timeout_s")
     p.add_argument("--hwm", type=int, default=64, help="the trajectory channel's high-water mark")
