@@ -140,28 +140,30 @@ def test_a_stalled_head_does_not_hold_up_the_chain_beyond_the_stall_timeout():
     pub.wait_for_peers(3, timeout_s=5)
     got: dict = {}
     threads = [reader(s, 2, got) for s in subs]
-    for version in (1, 2):
-        started = time.monotonic()
-        pub.publish(version, tensors_of(version, (32 << 20) // 4))  # far more than queues and buffers hold
-        want = {t.name: bytes(t.data) for t in tensors_of(version, (32 << 20) // 4)}
-        for s in subs:
-            data, at = got.get((s.name, version)) or (None, None)
-            if data is None:
-                pub.wait_acks(version, timeout_s=10)
-                data, at = got[(s.name, version)]
-            assert data == want
-            # At most: the wait for links to be confirmed (first version), the stall timeout, and the transfer
-            # (on a loaded 2-core machine), never the stalled subscriber's own pace.
-            assert at - started < stall * 2 + 8.0, (version, at - started)
-        acks = pub.wait_acks(version, timeout_s=10)
-        assert acks["stalled"][0] is False and acks["stalled"][1].startswith("stalled:")
-        assert "stalled" in pub.stalled[version]
-    assert pub.relinked >= 1
-    for t in threads:
-        t.join(10)
-    for s in subs + [stalled]:
-        s.close()
-    pub.close()
+    try:
+        for version in (1, 2):
+            started = time.monotonic()
+            pub.publish(version, tensors_of(version, (32 << 20) // 4))  # far more than queues and buffers hold
+            want = {t.name: bytes(t.data) for t in tensors_of(version, (32 << 20) // 4)}
+            for s in subs:
+                data, at = got.get((s.name, version)) or (None, None)
+                if data is None:
+                    pub.wait_acks(version, timeout_s=10)
+                    data, at = got[(s.name, version)]
+                assert data == want
+                # At most: the wait for links to be confirmed (first version), the stall timeout, and the transfer
+                # (on a loaded 2-core machine), never the stalled subscriber's own pace.
+                assert at - started < stall * 2 + 8.0, (version, at - started)
+            acks = pub.wait_acks(version, timeout_s=10)
+            assert acks["stalled"][0] is False and acks["stalled"][1].startswith("stalled:")
+            assert "stalled" in pub.stalled[version]
+        assert pub.relinked >= 1
+    finally:  # closed even after a failed assertion: a context left open blocks the interpreter's exit
+        for t in threads:
+            t.join(35)  # a reader polls at most 30 s: its socket is closed only once it is done with it
+        for s in subs + [stalled]:
+            s.close()
+        pub.close()
 
 
 def test_with_curve_an_outsider_cannot_push_chunks_into_the_chain():
@@ -215,3 +217,12 @@ def test_with_curve_an_outsider_cannot_push_chunks_into_the_chain():
     for s in subs:
         s.close()
     pub.close()
+
+
+def test_fanout_bench_measures_both_fan_outs_on_real_processes():
+    from launch.bench.fanout import fan_out
+
+    payload = np.arange((4 << 20) // 4, dtype=np.float32)
+    for fanout in ("relay", "star"):
+        times = fan_out(fanout, 2, payload, versions=1, chunk_bytes=1 << 20)
+        assert len(times) == 1 and 0 < times[0] < 30, (fanout, times)
