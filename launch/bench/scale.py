@@ -19,8 +19,10 @@ for its share (`env.slots_per_actor` = in flight / actors), so every episode in 
 - failed (an ending other than done/horizon/context, an unsent trajectory, a group discarded for a failure) and
   lost (an admitted episode whose trajectory never arrived, or one refused by the buffer) after the drain.
 The JSON line: `scale_max_in_flight` (the largest level at which no run failed or lost an episode), per level
-`coordinator_cpu_ms_per_traj_<level>` (the worst over actor counts), `trajectories_per_s_<level>` (the best),
-`mb_per_episode_in_flight_<level>` (the mean over actor counts) and `mb_per_episode_in_flight` (the largest level).
+`coordinator_cpu_ms_per_traj_<level>` (the worst over actor counts whose window saw trajectories),
+`trajectories_per_s_<level>` (the best), `mb_per_episode_in_flight_<level>` (the mean over actor counts) and
+`mb_per_episode_in_flight` (the largest level). With one actor holding thousands of episodes, its episodes move
+in waves and a short window can see none end; such a row shows 0 episodes/s and its CPU per trajectory is void.
 """
 from __future__ import annotations
 
@@ -218,7 +220,8 @@ def figures(results: list[dict[str, Any]]) -> dict[str, Any]:
         [n for n, rs in by_level.items() if all(r["failed"] == 0 and r["lost"] == 0 for r in rs)], default=0)}
     for n, rs in sorted(by_level.items()):
         key = f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
-        out[f"coordinator_cpu_ms_per_traj_{key}"] = max(r.get("driver_cpu_ms_per_traj", 0.0) for r in rs)
+        timed = [r for r in rs if r.get("trajectories_per_s", 0.0) > 0] or rs  # a window with none measures nothing
+        out[f"coordinator_cpu_ms_per_traj_{key}"] = max(r.get("driver_cpu_ms_per_traj", 0.0) for r in timed)
         out[f"trajectories_per_s_{key}"] = max(r.get("trajectories_per_s", 0.0) for r in rs)
         out[f"mb_per_episode_in_flight_{key}"] = sum(r.get("mb_per_episode", 0.0) for r in rs) / len(rs)
         out[f"first_token_p99_ms_{key}"] = max(r.get("first_token_p99_ms", 0.0) for r in rs)
