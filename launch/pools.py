@@ -13,7 +13,7 @@ What must hold:
 - `run(spec)` sends the episode to the actor with the fewest episodes in flight and returns its
   EpisodeSummary. Dispatch is batched: the episodes routed to one actor within `dispatch_delay_s` (or until
   `dispatch_batch` wait) go in one `start` call, and one long-polling `finished` call per busy actor brings their summaries back (lingering
-  `collect_linger_s` for more), so the driver's cost per episode is not a Ray call's (one call per episode
+  `collect_linger_s` for more, 0 by default), so the driver's cost per episode is not a Ray call's (one call per episode
   was most of the coordinator's CPU); specs and summaries cross as tuples of plain values.
 - If that actor dies meanwhile, the episode is reported lost (a summary with termination `lost`, counted in
   `pool/lost` and kept in `lost_specs`), never silently dropped; `resubmit=n` retries it up to n times on
@@ -81,7 +81,7 @@ class PoolSupervisor:
         self._calls: set[asyncio.Task] = set()
         # Latency traded for fewer Ray calls (each costs the driver more than the rest of an episode's handling);
         # a burst of `dispatch_batch` episodes goes at once. Episodes last seconds: 0.1 s of dispatch delay is small.
-        self.collect_wait_s, self.collect_linger_s = 5.0, 0.2
+        self.collect_wait_s, self.collect_linger_s = 5.0, 0.0  # lingering widens the lost-but-sent window
         self.dispatch_delay_s, self.dispatch_batch = 0.1, 64
         self._pending = 0
         self.counters: dict[str, float] = collections.defaultdict(float)
