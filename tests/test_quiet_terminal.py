@@ -36,7 +36,7 @@ def test_the_terminal_shows_the_run_and_the_roles_write_their_own_logs(tiny_mode
     for third_party in ("LLM engine", "EngineCore", "DeepSpeed", "Loading weights", "core_worker.cc",
                         "Started a local Ray instance", "RotaryEmbedding"):
         assert third_party not in text, third_party
-    assert "evaluation (test split" in text and "run folder:" in text  # the summary
+    assert "evaluation (split `test`" in text and "run folder:" in text  # the summary
     logs = {p.name: p.read_text(errors="replace") for p in (out / "logs").iterdir()}
     assert {"generator-0.log", "learner-0.log", "envpool-0.log"} <= set(logs)
     assert "LLM engine" in logs["generator-0.log"]  # vLLM's own lines, engine core included
