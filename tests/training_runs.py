@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "configs" / "tiny_test.yaml"
 
 
-def train_command(model_dir: Path, out: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "launch.train", "--config", str(TINY_RECIPE), f"model.path={model_dir}",
+def train_command(model_dir: Path, out: Path, *overrides: str, recipe: Path = TINY_RECIPE) -> list[str]:
+    return [sys.executable, "-m", "launch.train", "--config", str(recipe), f"model.path={model_dir}",
             f"trainer.output_dir={out}", "logging.wandb_mode=disabled", *overrides]
 
 

@@ -14,7 +14,7 @@ import random
 import re
 
 from configs.env import WebArenaConfig
-from core.env import Env
+from core.env import Env, split_item_id
 from environments.registry import Family
 from environments.webarena.env import WebArenaEnv
 from environments.webarena.tasks import (
@@ -64,7 +64,7 @@ def preflight(cfg: WebArenaConfig, items: list[str]) -> list[str]:
             f"{', '.join(f'{var} ({n} tasks)' for var, n in sorted(missing.items()))}. They are the URLs of the "
             "self-hosted WebArena sites (e.g. GITLAB=http://host:8023); set them, or train on the local shop "
             "with env.webarena.tasks=local_shop")
-    needs_login = sorted({str(tasks[n].get("storage_state")) for n in (int(i.split("_")[1]) for i in items)
+    needs_login = sorted({str(tasks[n].get("storage_state")) for n in (split_item_id(i)[1] for i in items)
                           if n in tasks and tasks[n].get("storage_state")})
     if needs_login and not cfg.storage_state_dir and cfg.tasks != "local_shop":
         problems.append(f"its tasks log in from saved states ({', '.join(needs_login)}): set "
