@@ -359,35 +359,110 @@ class Generator:
         async with self._update_lock:
             t0 = time.monotonic()
             path, index = await asyncio.to_thread(self._staging.write, tensors)  # requests still flow meanwhile
-            t1 = time.monotonic()
-            async with self._gate.closed():  # new requests wait here until the engine has resumed
-                # `wait`: requests in flight finish first; `keep`: they stay in the engine, preempted by the cache
-                # reset, and continue after the resume on the new weights. Never `abort` (see update_gate.py).
-                await self.engine.pause_generation(mode=ENGINE_PAUSE_MODE[mode], clear_cache=True)
-                t2 = time.monotonic()
+            await self._swap(weights.version, mode, "agentgym_load_weights", (path, index), t0, time.monotonic())
+        return self._applied(weights.version, mode, started)
+
+    async def _swap(self, version: int, mode: str, method: str, args: tuple, t0: float, t1: float) -> None:
+        """With the engine paused, run the worker's `method(*args)` (it loads the weights), then stamp `version`."""
+        async with self._gate.closed():  # new requests wait here until the engine has resumed
+            # `wait`: requests in flight finish first; `keep`: they stay in the engine, preempted by the cache
+            # reset, and continue after the resume on the new weights. Never `abort` (see update_gate.py).
+            await self.engine.pause_generation(mode=ENGINE_PAUSE_MODE[mode], clear_cache=True)
+            t2 = time.monotonic()
+            try:
                 try:
-                    try:
-                        await self.engine.collective_rpc("agentgym_load_weights", args=(path, index))
-                        self.stats.last_update_stages = (t1 - t0, t2 - t1, time.monotonic() - t2)
-                    except Exception as exc:
-                        self._failed_loads += 1
-                        self._broken = (f"{self.name}: loading version {weights.version} failed half-way, "
-                                        f"weights are in an unknown state: {exc}")
-                        self.stats.update_failures += 1
-                        raise WeightUpdateError(self._broken) from exc
-                    await self.engine.reset_prefix_cache()
-                    await self.engine.update_weight_version(str(weights.version))
-                    self._version_set = True
-                    self.version = weights.version
-                    self._broken = ""
-                    self._weights_applied.set()
-                finally:
-                    await self.engine.resume_generation()
+                    await self.engine.collective_rpc(method, args=args)
+                    self.stats.last_update_stages = (t1 - t0, t2 - t1, time.monotonic() - t2)
+                except Exception as exc:
+                    self._failed_loads += 1
+                    self._broken = (f"{self.name}: loading version {version} failed half-way, "
+                                    f"weights are in an unknown state: {exc}")
+                    self.stats.update_failures += 1
+                    raise WeightUpdateError(self._broken) from exc
+                await self.engine.reset_prefix_cache()
+                await self.engine.update_weight_version(str(version))
+                self._version_set = True
+                self.version = version
+                self._broken = ""
+                self._weights_applied.set()
+            finally:
+                await self.engine.resume_generation()
+
+    def _applied(self, version: int, mode: str, started: float) -> float:
         elapsed = time.monotonic() - started
         self.stats.updates += 1
         self.stats.last_update_s = elapsed
-        log.info("%s: applied weights version %d (%s mode) in %.2f s", self.name, weights.version, mode, elapsed)
+        log.info("%s: applied weights version %d (%s mode) in %.2f s", self.name, version, mode, elapsed)
         return elapsed
+
+    async def apply_collective(self, raw: bytes, ann, problem: str = "", mode: str | None = None) -> float:
+        """Take part in one announced version of the weights group (actors.weights_collective) and load it in
+        place, like `apply_weights`. A set that does not fit the checkpoint is received and dropped (the group's
+        other members wait on every broadcast), then refused with WeightUpdateError."""
+        mode = mode or self.cfg.on_weight_update
+        started = time.monotonic()
+        aliases: list[list[str]] = []
+        if ann is not None and not problem:
+            shapes = dict(ann.tensors)
+            shapes.update({alias: shapes[src] for alias, src in ann.aliases})
+            if self._tied and "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes:
+                aliases.append(["lm_head.weight", "model.embed_tokens.weight"])
+                shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
+            problem = tensor_set_mismatch(shapes, self._expected_sent)
+            if problem:
+                await self.engine.collective_rpc("agentgym_receive_weights", args=(raw, [], False))
+        if problem:
+            self.stats.update_failures += 1
+            raise WeightUpdateError(f"{self.name}: weights version refused: {problem}")
+        async with self._update_lock:
+            await self._swap(ann.version, mode, "agentgym_receive_weights", (raw, aliases, True), started, started)
+        return self._applied(ann.version, mode, started)
+
+    async def join_weights_group(self, endpoint: str, rank_offset: int, world_size: int,
+                                 timeout_s: float = 300.0) -> None:
+        """Receive weights through the weights group at `endpoint` (transport.weights_sync=collective) instead of
+        the ZeroMQ channel: this replica's workers take ranks `rank_offset`, `rank_offset + 1`, ... of a group of
+        `world_size`. Returns at once; a background thread joins (when learner rank 0 forms the group), then
+        applies and acks every announced version."""
+        if self._thread is not None:
+            raise RuntimeError(f"{self.name} already subscribes to weights")
+        loop = asyncio.get_running_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._collective_loop,
+                                        args=(endpoint, rank_offset, world_size, timeout_s, loop, ready),
+                                        name=f"{self.name}-weights", daemon=True)
+        self._thread.start()
+        await asyncio.to_thread(ready.wait, 30)
+        if self._weights_error:
+            raise RuntimeError(self._weights_error)
+
+    def _collective_loop(self, endpoint: str, rank_offset: int, world_size: int, timeout_s: float,
+                         loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        from actors.collective_subscriber import CollectiveSubscriber
+
+        try:
+            sub = CollectiveSubscriber(endpoint, self.name, timeout_s)
+            ready.set()
+            join = self.engine.collective_rpc("agentgym_join_weights_group",
+                                              args=(sub.host, sub.port, rank_offset, world_size, timeout_s))
+            asyncio.run_coroutine_threadsafe(join, loop).result()
+            while not self._stop.is_set():
+                item = sub.next(self._stop.is_set)
+                if item is None:
+                    break
+                seq, raw, ann, problem = item
+                future = asyncio.run_coroutine_threadsafe(self.apply_collective(raw, ann, problem), loop)
+                try:
+                    future.result()
+                    sub.ack(seq, True)
+                except Exception as exc:  # reported to the learner through the ack
+                    log.error("%s: weights announcement %d refused: %s", self.name, seq, exc)
+                    sub.ack(seq, False, f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:  # a broken group is not survivable here: health() reports it
+            self._weights_error = f"{self.name}: the weights group thread died: {type(exc).__name__}: {exc}"
+            log.critical(self._weights_error)
+        finally:
+            ready.set()
 
     async def subscribe_weights(self, endpoint: str, curve: CurveClient | None = None, relay_host: str | None = None,
                                 relay_advertise: str = "") -> None:

@@ -15,6 +15,9 @@ What must hold:
   worker's `reload_weights` (vLLM re-runs its per-layer processing, e.g. the CPU GEMM weight packing). The model
   must end up owning copies: a parameter that still points into the staging file would change under the next
   version's write, so that is checked and refused.
+- `agentgym_join_weights_group` / `agentgym_receive_weights` are the worker's end of the collective weight path
+  (actors.weights_collective): the worker joins the weights group once, then receives each announced version
+  by broadcast (or CUDA IPC) into tensors of the engine's dtype and reloads them the same way.
 - Checkpoint names and shapes are what a learner sends (q_proj, k_proj, ... as in the Hugging Face
   checkpoint, not vLLM's fused qkv_proj). For tied embeddings vLLM keeps a separate output layer that a
   reload without `lm_head.weight` leaves stale (measured: logprobs off by 0.6 while embeddings moved), so the
@@ -151,4 +154,35 @@ class WeightLoadExtension:
         for pname, param in list(model.named_parameters()) + list(model.named_buffers()):
             if param.device.type == "cpu" and param.numel() and lo <= param.data_ptr() < hi:
                 raise RuntimeError(f"{pname} still points into the staging file after the reload")
+        return len(weights)
+
+    def agentgym_join_weights_group(self, host: str, port: int, rank_offset: int, world_size: int,
+                                    timeout_s: float) -> dict:
+        """Join the weights group as rank `rank_offset + this worker's rank`; blocks until the group is formed."""
+        import msgpack
+        import torch
+
+        from actors.weights_collective import Group
+        from actors.weights_ipc import visible_index
+
+        group = Group(host, port, rank_offset + int(self.rank), world_size, torch.device(self.device), timeout_s)
+        source = visible_index(group.source_gpu)  # this process's index of rank 0's GPU, if it sees it
+        group.store.set(f"member/{group.rank}", msgpack.packb({"ipc": source is not None}))
+        self._agentgym_group, self._agentgym_source = group, source
+        return {"rank": group.rank, "backend": group.backend_name, "ipc": source is not None}
+
+    def agentgym_receive_weights(self, announcement: bytes, extra_aliases: list, load: bool) -> int:
+        """Take part in one announced version; reload it unless `load` is false (a refused version is received
+        and dropped, so the group's sequence stays whole). `extra_aliases`: [[name, source name]] to add."""
+        from actors.weights_collective import Announcement, receive
+        from actors.weights_ipc import Importer
+
+        ann = Announcement.unpack(announcement)
+        importer = Importer(self._agentgym_source) if self._agentgym_source is not None else None
+        weights = receive(self._agentgym_group, ann, self.model_config.dtype, importer)
+        have = dict(weights)
+        weights += [(name, have[src]) for name, src in extra_aliases if name not in have and src in have]
+        if not load:
+            return 0
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         return len(weights)

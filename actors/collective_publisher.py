@@ -1,0 +1,141 @@
+"""Learner rank 0's end of the weights group (actors.weights_collective): the same narrow interface as the ZeroMQ
+`WeightPublisher` (`endpoint`, `peers`, `wait_for_peers`, `publish`, `wait_acks`, `close`), so the learner and
+launch treat both alike.
+
+What must hold:
+- The group forms in `wait_for_peers` (it blocks until every member has joined); publishing before that raises.
+- `publish` announces a version's names and shapes, then sends the data: CUDA IPC when every worker reported
+  that it sees rank 0's GPU (actors.weights_ipc), one broadcast per tensor otherwise. It returns once the data
+  has left (a broadcast returns when every member took its part); acks say the engines loaded it.
+- Acks come from the replicas named at start; an ack that does not decode counts as a refusal, with its reason.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Iterable
+
+import msgpack
+import torch
+
+from actors.weights_collective import Announcement, Group, layout, tensor_bytes, to_wire, torch_dtype
+from core.transport import DropLog
+
+log = logging.getLogger("agentgym.weights")
+
+
+class CollectivePublisher:
+    def __init__(self, host: str, port: int, replicas: list[str], workers_per_replica: int, device: torch.device,
+                 dtype: str, timeout_s: float = 300.0, allow_ipc: bool = True):
+        """`replicas`: the names whose acks count; the group has 1 + len(replicas) * workers_per_replica ranks.
+        `dtype`: the engines' dtype, sent on the wire."""
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind((host, port))
+        self.listener.listen(1024)
+        self.host, self.port = host, int(self.listener.getsockname()[1])
+        self.endpoint = f"tcp://{host}:{self.port}"
+        self.replicas = list(replicas)
+        self.world_size = 1 + len(replicas) * workers_per_replica
+        self.device, self.dtype, self.timeout_s = device, dtype, timeout_s
+        self.allow_ipc = allow_ipc
+        self.group: Group | None = None
+        self.mode = "broadcast"
+        self.peers: dict[str, str] = {}
+        self.seq_of: dict[int, int] = {}
+        self.seq = 0
+        self.published = -1
+        self.drops = DropLog("weights ack", log)
+        self.zap = None  # no CURVE on this path (see actors.weights_collective)
+        self.relinked = 0
+        self._exporter = None
+
+    def wait_for_peers(self, n: int, timeout_s: float) -> None:
+        """Form the group (every replica's workers join it); `n` is the number of replicas expected."""
+        if self.group is not None:
+            return
+        if n != len(self.replicas):
+            raise ValueError(f"weights group made for {len(self.replicas)} replicas, asked to wait for {n}")
+        self.group = Group(self.host, self.port, 0, self.world_size, self.device, max(timeout_s, self.timeout_s),
+                           listener=self.listener)
+        self.listener.detach()  # the store owns the listening socket now, and closes it
+        self.group.timeout_s = self.timeout_s
+        ipc = [msgpack.unpackb(self.group.wait_key(f"member/{r}")).get("ipc") is True
+               for r in range(1, self.world_size)]
+        if self.allow_ipc and self.group.backend_name == "nccl" and all(ipc):
+            from actors.weights_ipc import Exporter
+
+            self.mode, self._exporter = "ipc", Exporter(self.device)
+        self.peers = {name: name for name in self.replicas}
+        log.info("weights group: %d ranks, %s, %s", self.world_size, self.group.backend_name, self.mode)
+
+    def publish(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Send `version` ((name, tensor) pairs; a tensor under two names goes once); returns bytes per member."""
+        specs, aliases, unique = layout(list(tensors))
+        return self.publish_stream(version, specs, aliases, unique)
+
+    def publish_stream(self, version: int, specs: list[tuple[str, tuple[int, ...]]], aliases: list[tuple[str, str]],
+                       tensors: Iterable[torch.Tensor]) -> int:
+        """As `publish`, with the names and shapes given first and the tensors produced one at a time (a ZeRO-3
+        gather yields each parameter only while it is gathered)."""
+        if self.group is None:
+            raise RuntimeError("the weights group is not formed yet (wait_for_peers)")
+        wire = torch_dtype(self.dtype)
+        buckets = []
+        if self.mode == "ipc":
+            from actors.weights_ipc import plan
+
+            buckets = plan(specs, wire)
+        ann = Announcement(version, self.seq, self.dtype, self.mode, list(specs), list(aliases), buckets)
+        self.seq_of[version] = self.seq
+        self.seq += 1
+        self.published = max(self.published, version)
+        self.group.store.set(f"announce/{ann.seq}", ann.pack())
+        if self.mode == "ipc":
+            self._exporter.send(self.group, ann, tensors)
+        else:
+            it = iter(tensors)
+            for name, shape in specs:
+                t = next(it, None)
+                if t is None or tuple(t.shape) != tuple(shape):
+                    raise ValueError(f"version {version}: {name} announced with shape {shape}, got "
+                                     f"{None if t is None else tuple(t.shape)}")
+                self.group.broadcast(to_wire(t, wire, self.device))
+        return sum(tensor_bytes(shape, wire) for _, shape in specs)
+
+    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
+        """{replica: (ok, error)} once every replica acked `version`; TimeoutError naming those that did not."""
+        seq = self.seq_of.get(version)
+        if seq is None or self.group is None:
+            raise ValueError(f"weights version {version} was not published on this group")
+        deadline = time.monotonic() + timeout_s
+        got: dict[str, tuple[bool, str]] = {}
+        while True:
+            for name in self.replicas:
+                key = f"ack/{seq}/{name}"
+                if name not in got and self.group.store.check([key]):
+                    got[name] = self._ack(name, self.group.store.get(key))
+            missing = [n for n in self.replicas if n not in got]
+            if not missing:
+                return got
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weights version {version}: no ack from {', '.join(sorted(missing))}")
+            time.sleep(0.02)
+
+    def _ack(self, name: str, raw: bytes) -> tuple[bool, str]:
+        try:
+            body = msgpack.unpackb(raw[:4096], raw=False)
+            if isinstance(body, dict) and isinstance(body.get("ok"), bool) and isinstance(body.get("error"), str):
+                return body["ok"], body["error"][:1000]
+        except Exception:  # counted below and reported as a refusal
+            pass
+        self.drops.drop(name, "ack", "not an ack")
+        return False, "malformed ack"
+
+    def close(self, linger_ms: int = 0) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        if self.listener.fileno() >= 0:  # never formed: the socket is still ours
+            self.listener.close()
