@@ -55,6 +55,9 @@ class PublisherOptions:
     subscribers: list[str] | None = None  # the names admitted without CURVE (None: any)
     stall_timeout_s: float = 60.0
     fanout: str = "star"  # star or relay (core.weights_relay)
+    sync: str = "zmq"  # zmq, or collective (actors.collective_publisher)
+    workers_per_replica: int = 1  # collective: each replica's vLLM workers (its tensor-parallel size on GPU)
+    timeout_s: float = 300.0  # collective: how long a member may take its part in a transfer
 
 
 class Learner:
@@ -136,7 +139,13 @@ class Learner:
             else:
                 ref = ref.to(self.device)
             self.reference = ref
-        if self.rank == 0 and publisher is not None:
+        if self.rank == 0 and publisher is not None and publisher.sync == "collective":
+            from actors.collective_publisher import CollectivePublisher
+
+            p = publisher
+            self.publisher = CollectivePublisher(p.host, p.port, list(p.subscribers or []), p.workers_per_replica,
+                                                 self.device, self.dtype, timeout_s=p.timeout_s)
+        elif self.rank == 0 and publisher is not None:
             p = publisher
             self.publisher = WeightPublisher(p.host, p.port, chunk_bytes=p.chunk_bytes, curve=p.curve,
                                              expected=p.subscribers, stall_timeout_s=p.stall_timeout_s,
@@ -320,8 +329,15 @@ class Learner:
     def publish_weights(self) -> dict:
         """Gather (every rank) and send the current version to every subscriber (rank 0)."""
         start = time.perf_counter()
-        tensors = self.gather_weights()
         sent, bad, refused, relinked = 0, 0, 0, 0
+        if self.publisher is not None and not isinstance(self.publisher, WeightPublisher):
+            # The weights group: each tensor is broadcast while it is gathered (the other ranks gather alongside).
+            specs, aliases = zero_engine.full_weight_layout(self._policy_tensors)
+            sent = self.publisher.publish_stream(self.version, specs, aliases,
+                                                 zero_engine.iter_full_weights(self._policy_tensors))
+            return {"version": self.version, "bytes": sent, "seconds": time.perf_counter() - start,
+                    "bad_control_messages": self.publisher.drops.total, "auth_refused": 0, "relinked": 0}
+        tensors = self.gather_weights()
         if self.publisher is not None:
             sent = self.publisher.publish(self.version, tensors)
             bad = self.publisher.drops.total

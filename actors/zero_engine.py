@@ -14,7 +14,7 @@ import datetime
 import os
 import socket
 import warnings
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -101,6 +101,38 @@ def _as_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
     cpu = t.detach().to("cpu", copy=True).contiguous()
     raw = cpu.reshape(-1).view(torch.uint8).numpy()
     return str(cpu.dtype).removeprefix("torch."), tuple(cpu.shape), memoryview(raw)
+
+
+def full_weight_layout(named: Sequence[tuple[str, torch.Tensor]]
+                       ) -> tuple[list[tuple[str, tuple[int, ...]]], list[tuple[str, str]]]:
+    """(name, full shape) of each distinct tensor of `named`, in order, and (name, first name) of every further
+    name of a tensor listed twice (tied embeddings): what `iter_full_weights` yields, announced in advance."""
+    specs, aliases, first = [], [], {}
+    for name, tensor in named:
+        if id(tensor) in first:
+            aliases.append((name, first[id(tensor)]))
+            continue
+        first[id(tensor)] = name
+        specs.append((name, tuple(tensor.ds_shape) if _is_partitioned(tensor) else tuple(tensor.shape)))
+    return specs, aliases
+
+
+def iter_full_weights(named: Sequence[tuple[str, torch.Tensor]]) -> Iterator[torch.Tensor]:
+    """Each distinct tensor of `named`, full, on this rank's device, valid until the next one is asked for (a
+    ZeRO-3 parameter is gathered only meanwhile). Collective in the same order as `gather_full_weights`, so rank 0
+    can stream while the other ranks gather."""
+    import deepspeed
+
+    seen: set[int] = set()
+    for _, tensor in named:
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        if _is_partitioned(tensor):
+            with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
+                yield tensor.data
+        else:
+            yield tensor.data
 
 
 def gather_full_weights(named: Sequence[tuple[str, torch.Tensor]], rank: int) -> list[TensorBytes]:

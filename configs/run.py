@@ -71,6 +71,15 @@ class TransportConfig:
     with N); a replica that dies or stalls is re-linked around within weights_stall_timeout_s. Each replica then
     binds one more port on `host` (a free one), authenticated like the other channels. `star`: the learner sends
     every chunk to every replica."""
+    weights_sync: str = spec("zmq", choices=("zmq", "collective"))
+    """How weight versions travel from learner rank 0 to the generator replicas. `zmq`: through host memory over
+    the ZeroMQ weights channel (weights_fanout, CURVE off loopback). `collective`: rank 0 and every replica's vLLM
+    worker(s) form a process group of their own (its store on weights_port at `host`); each version's names and
+    shapes are announced there, then every tensor is broadcast in the engines' dtype (model.dtype) straight into
+    the workers: NCCL from GPU to GPU, gloo on CPU; when every worker sees rank 0's GPU (one node) it copies
+    from rank 0's memory through CUDA IPC instead. Neither the group's store nor NCCL or gloo is authenticated:
+    off loopback this needs allow_insecure (a trusted cluster network). A replica that Ray restarts cannot rejoin
+    the group: the run rebuilds its roles (trainer.max_failures)."""
     auth: str = spec("auto", choices=("auto", "curve", "off"))
     """ZeroMQ CURVE on the trajectory and weights channels (keys made per run, held in memory): `auto` uses it
     whenever `host` is not loopback; `curve` always; `off` never (off loopback this needs allow_insecure)."""
@@ -82,11 +91,16 @@ class TransportConfig:
         return self.auth == "curve" or (self.auth == "auto" and not is_loopback(self.host))
 
     def validate(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.weights_sync == "collective" and not is_loopback(self.host) and not self.allow_insecure:
+            problems.append(("weights_sync", f"weights_sync=collective with host={self.host} sends the model over an "
+                             "unauthenticated process group (TCPStore, NCCL or gloo); use weights_sync=zmq, or set "
+                             "transport.allow_insecure=true on a trusted cluster network"))
         if self.auth == "off" and not is_loopback(self.host) and not self.allow_insecure:
-            return [("auth", f"auth=off with host={self.host} leaves the trajectory and weights channels open to "
-                             "anyone on the network, who could push forged trajectories and read the model; use "
-                             "auth=auto (CURVE keys made per run), or set transport.allow_insecure=true")]
-        return []
+            problems.append(("auth", f"auth=off with host={self.host} leaves the trajectory and weights channels open "
+                             "to anyone on the network, who could push forged trajectories and read the model; use "
+                             "auth=auto (CURVE keys made per run), or set transport.allow_insecure=true"))
+        return problems
 
 
 @dataclass

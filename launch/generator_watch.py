@@ -19,10 +19,11 @@ log = logging.getLogger("agentgym.generators")
 
 class GeneratorWatch:
     def __init__(self, handles: Sequence[Any], weights_endpoint: str, curves: Sequence[Any],
-                 recovery_wait_s: float, relay_host: str | None = None):
+                 recovery_wait_s: float, relay_host: str | None = None, rejoins: bool = True):
         self.handles, self.weights_endpoint, self.curves = list(handles), weights_endpoint, list(curves)
         self.relay_host = relay_host  # where a replica binds its relay socket (None: star fan-out)
         self.recovery_wait_s = recovery_wait_s
+        self.rejoins = rejoins  # False with a weights group (weights_sync=collective): a restart fails the run
         self.incarnations: list[str | None] = [None] * len(self.handles)
         self.down_since: dict[int, float] = {}
         self.restarts = 0
@@ -46,6 +47,9 @@ class GeneratorWatch:
                 continue
             if self.incarnations[i] is not None and info["incarnation"] != self.incarnations[i]:
                 self.restarts += 1
+                if not self.rejoins:
+                    return (f"generator replica {i} was restarted and cannot rejoin the weights group "
+                            "(transport.weights_sync=collective); the roles are rebuilt")
                 log.warning("generator replica %d was restarted; subscribing it to the weights again", i)
                 ray.get(handle.subscribe_weights.remote(self.weights_endpoint, self.curves[i], self.relay_host),
                         timeout=120)

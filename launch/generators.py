@@ -104,12 +104,15 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
                      weights_endpoint: str = "", initial_version: int = 0, name_prefix: str = "generator",
                      timeout_s: float = 900.0, weights_curve: dict[str, CurveClient] | None = None,
                      log_dir: str | None = None, actor_tag: str = "",
-                     weights_relay_host: str | None = None) -> list[Any]:
+                     weights_relay_host: str | None = None, weights_sync: str = "zmq",
+                     weights_timeout_s: float = 300.0) -> list[Any]:
     """Start `cfg.num_replicas` generator actors, wait until each engine is ready, subscribe them to weights.
     `weights_curve`: each replica's CURVE credentials by name (`<name_prefix>-<i>`), when the channel has them.
     `log_dir`: each replica's output goes to `<log_dir>/<name>.log` (None: to the driver's terminal).
     `actor_tag`: replicas get the Ray actor names `ray_name(name, actor_tag)` (unique per start when it is).
-    `weights_relay_host`: each replica binds its relay forwarding socket there (None: the channel is a star)."""
+    `weights_relay_host`: each replica binds its relay forwarding socket there (None: the channel is a star).
+    `weights_sync` collective: `weights_endpoint` is learner rank 0's weights group, which each replica's workers
+    join (replica i takes ranks 1 + i * workers onwards; the group forms when rank 0 waits for its peers)."""
     import ray
 
     remote_cls = ray.remote(Replica)
@@ -119,11 +122,20 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
         str(model_dir), r.cfg, dtype=dtype, max_model_len=max_model_len, name=r.name,
         initial_version=initial_version, replica_index=r.index) for r in launches]
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
-    if weights_endpoint:
+    if weights_endpoint and weights_sync == "collective":
+        workers = workers_per_replica(cfg)
+        ray.get([h.join_weights_group.remote(weights_endpoint, 1 + i * workers, 1 + len(handles) * workers,
+                                             weights_timeout_s) for i, h in enumerate(handles)], timeout=60)
+    elif weights_endpoint:
         curves = [weights_curve[n] if weights_curve else None for n in names]
         ray.get([h.subscribe_weights.remote(weights_endpoint, c, weights_relay_host)
                  for h, c in zip(handles, curves)], timeout=60)
     return handles
+
+
+def workers_per_replica(cfg: GeneratorConfig) -> int:
+    """vLLM worker processes of one replica: one per tensor-parallel rank on CUDA, one on CPU."""
+    return cfg.tensor_parallel_size if cfg.device == "cuda" else 1
 
 
 def stop_generators(handles: list[Any], timeout_s: float = 60.0) -> None:

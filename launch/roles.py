@@ -110,7 +110,7 @@ class Roles:
     def start(cls, cfg: RootConfig, model_dir: Path, trajectory_endpoint: str, limits: EpisodeLimits,
               resume_learner: Path | None = None, keys: RunKeys | None = None) -> "Roles":
         """Start every role. `keys`: the run's CURVE keys (core.curve), None when the channels go without."""
-        from launch.generators import ray_name, replica_names, start_generators
+        from launch.generators import ray_name, replica_names, start_generators, workers_per_replica
         from launch.learners import LearnerGroup
         from launch.pools import PoolSupervisor, pool_names
         from actors.policy_client import PolicyClient
@@ -125,21 +125,24 @@ class Roles:
                                 weights_port=t.weights_port, weights_chunk_bytes=t.weights_chunk_mb << 20,
                                 weights_curve=keys.weights_server_side(replicas) if keys else None,
                                 weights_subscribers=replicas, weights_stall_timeout_s=t.weights_stall_timeout_s,
-                                log_dir=log_dir, weights_fanout=t.weights_fanout)
+                                log_dir=log_dir, weights_fanout=t.weights_fanout, weights_sync=t.weights_sync,
+                                weights_workers_per_replica=workers_per_replica(cfg.generator),
+                                weights_timeout_s=t.weights_ack_timeout_s)
         generators, pools = [], None
         try:
             if resume_learner is not None:
                 learners.load_checkpoint(str(resume_learner))
             endpoint = advertised(learners.weights_endpoint, learners.rank0_address)
             curves = {n: keys.weights_client(n) for n in replicas} if keys else None
-            relay_host = t.host if t.weights_fanout == "relay" else None  # each replica's forwarding socket
+            collective = t.weights_sync == "collective"  # a weights group instead of the ZeroMQ channel
+            relay_host = t.host if t.weights_fanout == "relay" and not collective else None  # forwarding socket
             generators = start_generators(
                 model_dir, cfg.generator, dtype=cfg.model.dtype, max_model_len=cfg.rollout.max_context_tokens,
                 weights_endpoint=endpoint, weights_curve=curves, log_dir=log_dir, actor_tag=tag,
-                weights_relay_host=relay_host)
+                weights_relay_host=relay_host, weights_sync=t.weights_sync, weights_timeout_s=t.weights_ack_timeout_s)
             learners.wait_for_subscribers(len(generators), timeout_s=120)
             watch = GeneratorWatch(generators, endpoint, [curves[n] if curves else None for n in replicas],
-                                   cfg.generator.recovery_wait_s, relay_host=relay_host)
+                                   cfg.generator.recovery_wait_s, relay_host=relay_host, rejoins=not collective)
             watch.check()
             policy = PolicyClient(generators, recovery_wait_s=cfg.generator.recovery_wait_s,
                                   names=[ray_name(n, tag) for n in replicas])

@@ -99,3 +99,27 @@ def test_announcement_round_trip_and_refusals():
         with pytest.raises(WireError) as err:
             Announcement.unpack(raw)
         assert err.value.field == name
+
+
+def test_learner_layout_announces_tied_output_layer_as_alias(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from actors.zero_engine import full_weight_layout, iter_full_weights
+    from core.token_scorer import TokenScorer, policy_state_names
+
+    scorer = TokenScorer(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
+    named = policy_state_names(scorer)
+    specs, aliases = full_weight_layout(named)
+    assert ("lm_head.weight", "model.embed_tokens.weight") in aliases
+    tensors = list(iter_full_weights(named))  # what rank 0 streams: each distinct tensor once, in order
+    assert [tuple(t.shape) for t in tensors] == [shape for _, shape in specs]
+    assert len(specs) + len(aliases) == len(named)
+
+
+def test_collective_sync_off_loopback_needs_allow_insecure():
+    from configs.run import TransportConfig
+
+    assert TransportConfig(weights_sync="collective").validate() == []
+    problems = TransportConfig(host="10.0.0.5", weights_sync="collective", auth="curve").validate()
+    assert [field for field, _ in problems] == ["weights_sync"]
+    assert TransportConfig(host="10.0.0.5", weights_sync="collective", allow_insecure=True).validate() == []
