@@ -58,12 +58,10 @@ class CollectivePublisher:
         if n != len(self.replicas):
             raise ValueError(f"weights group made for {len(self.replicas)} replicas, asked to wait for {n}")
         self.group = Group(self.host, self.port, 0, self.world_size, self.device, max(timeout_s, self.timeout_s),
-                           listener=self.listener)
+                           listener=self.listener, allow_ipc=self.allow_ipc)
         self.listener.detach()  # the store owns the listening socket now, and closes it
         self.group.timeout_s = self.timeout_s
-        ipc = [msgpack.unpackb(self.group.wait_key(f"member/{r}")).get("ipc") is True
-               for r in range(1, self.world_size)]
-        if self.allow_ipc and self.group.backend_name == "nccl" and all(ipc):
+        if self.group.ipc:
             from actors.weights_ipc import Exporter
 
             self.mode, self._exporter = "ipc", Exporter(self.device)

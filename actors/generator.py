@@ -109,6 +109,7 @@ class Generator:
         self._last_window = (time.monotonic(), 0.0, 0)  # (time, busy seconds, sampled tokens) at the last stats
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._group_thread: threading.Thread | None = None  # the weights group's (join_weights_group)
         self._weights_error = ""
         self._version_set = False
         self._dtype = dtype
@@ -424,14 +425,14 @@ class Generator:
         the ZeroMQ channel: this replica's workers take ranks `rank_offset`, `rank_offset + 1`, ... of a group of
         `world_size`. Returns at once; a background thread joins (when learner rank 0 forms the group), then
         applies and acks every announced version."""
-        if self._thread is not None:
-            raise RuntimeError(f"{self.name} already subscribes to weights")
+        if self._group_thread is not None:
+            raise RuntimeError(f"{self.name} already joined a weights group")
         loop = asyncio.get_running_loop()
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._collective_loop,
-                                        args=(endpoint, rank_offset, world_size, timeout_s, loop, ready),
-                                        name=f"{self.name}-weights", daemon=True)
-        self._thread.start()
+        self._group_thread = threading.Thread(target=self._collective_loop,
+                                              args=(endpoint, rank_offset, world_size, timeout_s, loop, ready),
+                                              name=f"{self.name}-weights-group", daemon=True)
+        self._group_thread.start()
         await asyncio.to_thread(ready.wait, 30)
         if self._weights_error:
             raise RuntimeError(self._weights_error)
@@ -516,16 +517,18 @@ class Generator:
         problem = self._broken
         if self._weights_error:
             problem = self._weights_error
-        elif self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+        elif any(t is not None and not t.is_alive() for t in (self._thread, self._group_thread)) \
+                and not self._stop.is_set():
             problem = f"{self.name}: the weights thread ended"
         return {"incarnation": self.incarnation, "version": self.version, "problem": problem,
-                "subscribed": self._thread is not None}
+                "subscribed": self._thread is not None or self._group_thread is not None}
 
     async def shutdown(self) -> None:
         self._closing = True
         self._stop.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 5)
+        for thread in (self._thread, self._group_thread):
+            if thread is not None:
+                await asyncio.to_thread(thread.join, 5)
         self.engine.shutdown()
         self.engine = None  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
         self._staging.close()

@@ -159,17 +159,13 @@ class WeightLoadExtension:
     def agentgym_join_weights_group(self, host: str, port: int, rank_offset: int, world_size: int,
                                     timeout_s: float) -> dict:
         """Join the weights group as rank `rank_offset + this worker's rank`; blocks until the group is formed."""
-        import msgpack
         import torch
 
         from actors.weights_collective import Group
-        from actors.weights_ipc import visible_index
 
         group = Group(host, port, rank_offset + int(self.rank), world_size, torch.device(self.device), timeout_s)
-        source = visible_index(group.source_gpu)  # this process's index of rank 0's GPU, if it sees it
-        group.store.set(f"member/{group.rank}", msgpack.packb({"ipc": source is not None}))
-        self._agentgym_group, self._agentgym_source = group, source
-        return {"rank": group.rank, "backend": group.backend_name, "ipc": source is not None}
+        self._agentgym_group = group
+        return {"rank": group.rank, "backend": group.backend_name, "ipc": group.ipc}
 
     def agentgym_receive_weights(self, announcement: bytes, extra_aliases: list, load: bool) -> int:
         """Take part in one announced version; reload it unless `load` is false (a refused version is received
@@ -178,8 +174,9 @@ class WeightLoadExtension:
         from actors.weights_ipc import Importer
 
         ann = Announcement.unpack(announcement)
-        importer = Importer(self._agentgym_source) if self._agentgym_source is not None else None
-        weights = receive(self._agentgym_group, ann, self.model_config.dtype, importer)
+        group = self._agentgym_group
+        importer = Importer(group.source_index) if group.ipc else None
+        weights = receive(group, ann, self.model_config.dtype, importer)
         have = dict(weights)
         weights += [(name, have[src]) for name, src in extra_aliases if name not in have and src in have]
         if not load:

@@ -6,8 +6,9 @@ a gloo or NCCL backend made directly on it; no `init_process_group`, so the lear
 untouched). Group rank 0 is the learner; a replica's workers take ranks `rank_offset + worker rank`.
 
 Control (msgpack values in the group's store, each checked on decode):
-  rank 0        `source`            {"backend", "gpu"}: the backend and rank 0's GPU UUID ("" on CPU)
-  each worker   `member/<rank>`     {"ipc"}: whether it sees rank 0's GPU (CUDA IPC is then possible)
+  rank 0        `source`            {"gpu"}: rank 0's GPU UUID ("" on CPU)
+  each worker   `member/<rank>`     {"gpu"}: whether it sees rank 0's GPU (CUDA IPC is then possible)
+  rank 0        `plan`              {"backend", "ipc"}: nccl (GPUs) or gloo (CPU, or barriers only with IPC)
   rank 0        `announce/<seq>`    {"version", "dtype", "mode", "tensors": [[name, shape], ...],
                                      "aliases": [[name, source name], ...], "buckets": [...]}
   each replica  `ack/<seq>/<name>`  {"ok", "error"}
@@ -125,7 +126,8 @@ class Group:
     """One member of the weights group: the store, the backend, this member's rank and device."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device,
-                 timeout_s: float, listener: socket.socket | None = None):
+                 timeout_s: float, listener: socket.socket | None = None, allow_ipc: bool = True):
+        """Join (rank 0: serve the store on `listener` and decide the plan); blocks until every member joined."""
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.size, self.device, self.timeout_s = rank, world_size, device, timeout_s
         master = rank == 0
@@ -133,14 +135,25 @@ class Group:
                                        master_listen_fd=listener.fileno() if master and listener else None)
         self.store = dist.PrefixStore(PREFIX, self.raw_store)
         if master:
-            self.backend_name = "nccl" if device.type == "cuda" else "gloo"
-            self.store.set("source", msgpack.packb({"backend": self.backend_name, "gpu": gpu_uuid(device)}))
-        source = msgpack.unpackb(self.store.get("source"))
-        self.backend_name, self.source_gpu = source["backend"], source["gpu"]
+            self.store.set("source", msgpack.packb({"gpu": gpu_uuid(device)}))
+        self.source_gpu = _str_field(self.store.get("source"), "gpu")
+        self.source_index = visible_index(self.source_gpu)  # this process's index of rank 0's GPU, if it sees it
+        if not master:
+            self.store.set(f"member/{rank}", msgpack.packb({"gpu": self.source_index is not None}))
+        else:
+            seen = [msgpack.unpackb(self.store.get(f"member/{r}")).get("gpu") is True for r in range(1, world_size)]
+            # CUDA IPC when every worker can open rank 0's memory; its barriers then go over gloo, since NCCL
+            # refuses two ranks on one GPU (colocated workers).
+            ipc = allow_ipc and device.type == "cuda" and all(seen)
+            self.store.set("plan", msgpack.packb({"backend": "nccl" if device.type == "cuda" and not ipc else "gloo",
+                                                  "ipc": ipc}))
+        plan = msgpack.unpackb(self.store.get("plan"))
+        self.backend_name, self.ipc = plan["backend"], plan["ipc"] is True
         if self.backend_name == "nccl" and device.type != "cuda":
             raise RuntimeError(f"weights group: rank 0 broadcasts with NCCL, rank {rank} is on {device}")
-        if self.backend_name == "gloo" and device.type != "cpu":
+        if self.backend_name == "gloo" and device.type != "cpu" and not self.ipc:
             raise RuntimeError(f"weights group: rank 0 is on the CPU (gloo), rank {rank} is on {device}")
+        self.comm_device = device if self.backend_name == "nccl" else torch.device("cpu")
         data = dist.PrefixStore("pg", self.store)
         if self.backend_name == "nccl":
             options = dist.ProcessGroupNCCL.Options()
@@ -151,7 +164,10 @@ class Group:
             options._timeout = timeout
             options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address(host, port))]
             self.backend = dist.ProcessGroupGloo(data, rank, world_size, options)
-        self.all_reduce(torch.ones(1, device=device))  # the group is formed when every member has joined
+        self.barrier()  # the group is formed when every member has joined
+
+    def barrier(self) -> None:
+        self.all_reduce(torch.ones(1, device=self.comm_device))
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
@@ -177,6 +193,23 @@ class Group:
             self.backend.shutdown() if hasattr(self.backend, "shutdown") else None
         except Exception:  # a member that already left: nothing more to release here
             pass
+
+
+def _str_field(raw: bytes, key: str) -> str:
+    value = msgpack.unpackb(raw).get(key)
+    if not isinstance(value, str):
+        raise WireError(key, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def visible_index(uuid: str) -> int | None:
+    """This process's index of the GPU with this UUID, or None when it cannot see it."""
+    if not uuid or not torch.cuda.is_available():
+        return None
+    for i in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(i).uuid) == uuid:
+            return i
+    return None
 
 
 def gpu_uuid(device: torch.device) -> str:

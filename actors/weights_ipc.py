@@ -70,16 +70,6 @@ def open_handle(raw: bytes, device_index: int) -> torch.Tensor:
                                ref_offset, event_handle, event_sync)
 
 
-def visible_index(uuid: str) -> int | None:
-    """This process's index of the GPU with this UUID, or None when it cannot see it."""
-    if not uuid or not torch.cuda.is_available():
-        return None
-    for i in range(torch.cuda.device_count()):
-        if str(torch.cuda.get_device_properties(i).uuid) == uuid:
-            return i
-    return None
-
-
 class Exporter:
     """Rank 0's side: fills the staging buffer bucket by bucket and announces its handle."""
 
@@ -105,7 +95,7 @@ class Exporter:
                 k += 1
             torch.cuda.synchronize(self.device)
             group.store.set(f"ipc/{ann.seq}/{b}", self.handle)
-            group.all_reduce(torch.ones(1, device=self.device))  # every worker has copied this bucket out
+            group.barrier()  # every worker has copied this bucket out
 
     def _reserve(self, nbytes: int) -> None:
         if self.staging is None or self.staging.numel() < nbytes:
@@ -135,5 +125,5 @@ class Importer:
                 k += 1
             torch.cuda.synchronize(group.device)
             del src  # the mapping is released before rank 0 may refill the buffer
-            group.all_reduce(torch.ones(1, device=group.device))
+            group.barrier()
         return out

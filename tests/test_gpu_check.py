@@ -155,3 +155,23 @@ def test_summary_reports_every_run_and_what_was_verified():
     assert failed["verified"]["fixed_logprobs_before"] is False and failed["verified"]["update_acked"] is True
     assert summary({"float32": {"error": "x"}}, {"float32": "fail"}, 1, 1)["verified"] == {}
     assert Tolerance(1e-3, 1e-4) < Tolerance(1e-2, 1e-3)
+
+
+def test_collective_step_is_judged_when_it_ran_and_named_when_skipped():
+    good = _good_run()
+    good["collective_update"] = {"mode": "ipc", "acks": {"gpu-check": [True, ""]},
+                                 "moves_logprobs_by": {"max_abs": 3.0, "mean_abs": 0.9},
+                                 "fixed_logprobs": {"max_abs": 1e-3, "mean_abs": 2e-4}}
+    checks = checks_of(good, TOLERANCE["float32"])
+    assert {"collective_update_acked", "collective_fixed_logprobs", "collective_moves_logprobs"} <= set(checks)
+    assert decide("float32", good, dtypes_left=1) == "pass"
+    stale = copy.deepcopy(good)  # the group's version acked but not loaded: logprobs kept the old weights
+    stale["collective_update"]["fixed_logprobs"] = {"max_abs": 2.0, "mean_abs": 0.9}
+    stale["collective_update"]["moves_logprobs_by"] = {"max_abs": 0.0, "mean_abs": 0.0}
+    assert decide("float32", stale, dtypes_left=1) == "fail"
+    broken = copy.deepcopy(good)
+    broken["collective_update"] = {"error": "TimeoutError: weights group rank 0: ..."}
+    assert decide("bfloat16", broken, dtypes_left=0) == "fail"
+    skipped = _good_run()
+    skipped["collective_update"] = {"skipped": "no GPU visible: the NCCL and CUDA IPC paths need one"}
+    assert "collective_update_acked" not in checks_of(skipped, TOLERANCE["float32"])

@@ -36,7 +36,6 @@ def receiver(endpoint: str, versions: int, out) -> None:
     try:
         sub = CollectiveSubscriber(endpoint, "replica-0", timeout_s=60)
         group = Group(sub.host, sub.port, 1, 2, torch.device("cpu"), timeout_s=60)
-        group.store.set("member/1", msgpack.packb({"ipc": False}))
         for _ in range(versions):
             seq, _, ann, problem = sub.next(lambda: False)
             got = receive(group, ann, torch.bfloat16)
