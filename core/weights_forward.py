@@ -12,6 +12,11 @@ What must hold:
   more input until they are gone (backpressure up the chain). A successor that takes nothing for `stall_timeout_s` is dropped here
   (`dropped_successors`), so a dead or stalled successor blocks its predecessor for at most that long; one
   whose connection closes after its handshake (a killed process) is dropped as soon as that is seen.
+- A link can race the successor's admission of this subscriber's key (the publisher's link messages to the two
+  arrive in either order), and libzmq never reconnects after a refused CURVE handshake. So the outbound socket
+  takes chunks only over a completed handshake (ZMQ_IMMEDIATE: nothing is queued into a connection that auth
+  may still refuse, so nothing is lost to it), and a refused handshake is tried again every `RETRY_S` until the
+  successor admits the key or the stall timeout drops it.
 """
 from __future__ import annotations
 
@@ -26,6 +31,10 @@ from core.curve import CurveClient, CurveServer, KeyPair, serve_curve
 from core.transport import bind_endpoint
 
 log = logging.getLogger("agentgym.weights")
+
+RETRY_S = 0.1  # after a refused handshake, how soon the successor is tried again
+OUT_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+              | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 class Forwarder:
@@ -43,6 +52,8 @@ class Forwarder:
         self.out: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self._handshaken = False
+        self._retry_at = 0.0  # when a refused handshake is tried again (0: none refused)
+        self._next_key = ""
         self.next = ""
         self.pending: collections.deque[list] = collections.deque()
         self.blocked_since = 0.0
@@ -68,14 +79,28 @@ class Forwarder:
             log.warning("%s: relay link to %s without its key; not forwarding", self.name, endpoint)
             self.next = ""
             return
+        self._next_key = server_key
+        self._open_out()
+
+    def _open_out(self) -> None:
         self.out = self._ctx.socket(zmq.DEALER)
         self.out.setsockopt(zmq.SNDHWM, self.hwm)
         self.out.setsockopt(zmq.LINGER, 0)
+        self.out.setsockopt(zmq.IMMEDIATE, 1)
         if self.keys is not None:
-            CurveClient(server_key.encode(), self.keys).apply(self.out)
-        self._monitor = self.out.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+            CurveClient(self._next_key.encode(), self.keys).apply(self.out)
+        self._monitor = self.out.get_monitor_socket(OUT_EVENTS)
         self._handshaken = False
-        self.out.connect(endpoint)
+        self._retry_at = 0.0
+        self.out.connect(self.next)
+
+    def _reopen_out(self) -> None:
+        """A new connection to the same successor, keeping what is pending (a refused handshake is final)."""
+        pending, blocked_since, endpoint = self.pending, self.blocked_since, self.next
+        self.pending = collections.deque()
+        self._close_out()
+        self.pending, self.blocked_since, self.next = pending, blocked_since, endpoint
+        self._open_out()
 
     def forward(self, frames: list) -> None:
         """Queue a validated chunk (its received frames, [kind, header, parts...]) for the successor."""
@@ -94,6 +119,9 @@ class Forwarder:
                     self.blocked_since = now
                 if self._successor_gone():
                     why = "closed its connection"
+                elif self._retry_at and now >= self._retry_at:
+                    self._reopen_out()
+                    continue
                 elif now - self.blocked_since > self.stall_timeout_s:
                     why = f"took no chunk for {now - self.blocked_since:.1f} s"
                 else:
@@ -119,6 +147,9 @@ class Forwarder:
                 self._handshaken = True
             elif event == zmq.EVENT_DISCONNECTED and self._handshaken:
                 return True
+            elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL) and not self._retry_at:
+                self._retry_at = time.monotonic() + RETRY_S
         return False
 
     def _close_out(self) -> None:

@@ -13,7 +13,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from core.curve import CurveClient, KeyPair, RunKeys
+from core.curve import CurveClient, KeyPair, RunKeys, release_handler
 from core.weights_channel import TensorBytes, WeightPublisher
 from core.weights_subscriber import WeightSubscriber
 
@@ -226,3 +226,35 @@ def test_fanout_bench_measures_both_fan_outs_on_real_processes():
     for fanout in ("relay", "star"):
         times = fan_out(fanout, 2, payload, versions=1, chunk_bytes=1 << 20)
         assert len(times) == 1 and 0 < times[0] < 30, (fanout, times)
+
+
+def test_a_link_that_races_its_successors_admission_still_delivers_every_chunk_in_order():
+    """The predecessor's link can arrive before the successor admits its key; libzmq never retries a refused
+    CURVE handshake, so the forwarder must (and must lose nothing queued meanwhile)."""
+    from core.weights_forward import Forwarder
+
+    ctx = zmq.Context()
+    a_keys, b_keys = KeyPair.generate(), KeyPair.generate()
+    b = Forwarder(ctx, "b", LOOPBACK, b_keys, max_chunk_bytes=1 << 20)
+    a = Forwarder(ctx, "a", LOOPBACK, a_keys, max_chunk_bytes=1 << 20)
+    a.link(b.endpoint, b_keys.public.decode(), stall_timeout_s=20.0)
+    for i in range(5):
+        a.forward([b"C", str(i).encode()])
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:  # the handshake is refused meanwhile: b has not admitted a's key
+        a.flush()
+        time.sleep(0.02)
+    assert b.zap.refused["unknown_key"] >= 1 and not b.inbound.poll(0)
+    b.admit(a_keys.public.decode())
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 5 and time.monotonic() < deadline:
+        a.flush()
+        if b.inbound.poll(50):
+            got.append(b.inbound.recv_multipart()[1:])
+    assert got == [[b"C", str(i).encode()] for i in range(5)]
+    assert a.dropped_successors == 0 and a.forwarded == 5
+    a.close(0)
+    b.close(0)
+    release_handler(ctx)
+    ctx.term()
