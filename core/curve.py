@@ -127,8 +127,9 @@ class ZapHandler:
         name = self._clients.get(credentials[0])
         if name is None:
             self.refused["unknown_key"] += 1
-            log.warning("refused a connection from %s: its CURVE key is not one of this run's",
-                        address.decode(errors="replace"))
+            # A relay predecessor can also land here once, when its link races its admission (it is retried).
+            log.warning("refused a connection from %s: its CURVE key is not admitted here (not one of this run's, "
+                        "or a relay predecessor not yet named)", address.decode(errors="replace"))
             return reply(b"400", b"unknown client key")
         self.admitted += 1
         return reply(b"200", b"OK", name.encode())

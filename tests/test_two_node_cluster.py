@@ -123,7 +123,7 @@ def test_curve_keeps_an_outsider_out_while_the_run_trains(two_nodes, tiny_model_
     seen = json.loads(report.read_text())
     assert seen["saw_transport_json"] and seen["trajectory_attempts"] > 0 and seen["weights_attempts"] > 0, seen
     assert seen["chunks_received"] == 0, seen  # no weights reached the outsider
-    assert "its CURVE key is not one of this run's" in log  # handshakes refused (driver and learner log it)
+    assert "its CURVE key is not admitted here" in log  # handshakes refused (driver and learner log it)
     trained = [t for r in map(json.loads, (out / "trained.jsonl").read_text().splitlines())
                for t in r["trajectories"]]
     assert "g0000000-babyai_0.a0.s0" not in trained or len(trained) == len(set(trained))
