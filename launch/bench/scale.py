@@ -13,8 +13,11 @@ for its share (`env.slots_per_actor` = in flight / actors), so every episode in 
 - episodes/s (summaries back at the coordinator) and trajectories/s (filed by it);
 - the driver's CPU ms per trajectory (process CPU time of the driver, all its threads, Ray's included);
 - the pools' CPU ms per env step (their processes' CPU time over the steps taken);
-- MB per episode in flight: the growth of the driver's RSS plus the env actors' RSS, from before the run to the
-  largest seen while measuring, over the episodes in flight;
+- MB per episode in flight: what one more episode in flight costs. The run first holds a tenth of the level in
+  flight for one turnover (which pays the fixed costs: imports on first use, allocator arenas, Ray's and ZMQ's
+  buffers), takes the largest RSS (driver plus env actors) seen over a few samples, then fills the level; the
+  growth from there to the largest seen while measuring, over the episodes added, is the figure. The fixed part
+  (before the run to the tenth) is reported beside it as `fixed MB`;
 - admission-to-first-token latency p50/p99 (group admitted -> its episode's first request at the generator);
 - failed (an ending other than done/horizon/context, an unsent trajectory, a group discarded for a failure) and
   lost (an admitted episode whose trajectory never arrived, or one refused by the buffer) after the drain.
@@ -38,7 +41,7 @@ from launch.bench.report import emit, table
 
 TRAINABLE = {"done", "horizon", "context_limit"}
 HEADERS = ("in flight", "actors", "slots/actor", "mean in flight", "episodes/s", "traj/s", "driver cpu ms/traj",
-           "pool cpu ms/step", "MB/episode", "driver KB/ep", "actors KB/ep", "first token p50 ms", "p99 ms",
+           "pool cpu ms/step", "MB/episode", "driver KB/ep", "actors KB/ep", "fixed MB", "first token p50 ms", "p99 ms",
            "failed", "lost")
 
 
@@ -125,15 +128,29 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
     coordinator = Coordinator(
         pools=pools, learners=learners, receiver=receiver, sampler=mix_sampler(env_cfg, "train", seed=0),
         gate=StalenessGate(16, batch), schedule=HorizonSchedule((args.turns,)), group_size=args.group_size,
-        total_steps=1 << 40, max_in_flight=groups, on_step=lambda *a: None, should_checkpoint=lambda s: False,
+        total_steps=1 << 40, max_in_flight=max(1, groups // 10), on_step=lambda *a: None, should_checkpoint=lambda s: False,
         save=lambda s: None, on_group_started=on_started)
     base_driver, base_actors = rss_kb(os.getpid()), sum(rss_kb(p) for p in pids)
     out: dict[str, Any] = {"in_flight": groups * args.group_size, "actors": actors, "slots": slots}
 
+    async def rss_peak(samples: int) -> tuple[int, int]:
+        driver, actor_sum = 0, 0
+        for _ in range(samples):
+            driver, actor_sum = max(driver, rss_kb(os.getpid())), max(actor_sum, sum(rss_kb(p) for p in pids))
+            await asyncio.sleep(0.5)
+        return driver, actor_sum
+
     async def measure() -> None:
         began = time.monotonic()
         deadline = began + args.warmup_s
-        while coordinator._received < out["in_flight"] and time.monotonic() < deadline:
+        warm_n = coordinator.max_in_flight * args.group_size
+        while coordinator._received < warm_n and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        warm_driver, warm_actors = await rss_peak(4)
+        out["fixed_mb"] = (warm_driver + warm_actors - base_driver - base_actors) / 1024
+        coordinator.max_in_flight = groups
+        received_at_fill = coordinator._received
+        while coordinator._received - received_at_fill < out["in_flight"] and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         await asyncio.to_thread(lambda: ray.get(generator.take_first_seen.remote()))
         noting[0] = True
@@ -159,8 +176,8 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
             "mean_in_flight": sum(in_flight_seen) / len(in_flight_seen), "episodes_per_s": completed / seconds,
             "trajectories_per_s": received / seconds, "driver_cpu_ms_per_traj": 1000 * cpu / max(1, received),
             "pool_cpu_ms_per_step": 1000 * pool_cpu / max(1, pools.steps - steps0),
-            "driver_kb_per_episode": (peak_driver - base_driver) / n,
-            "actors_kb_per_episode": (peak_actors - base_actors) / n,
+            "driver_kb_per_episode": (peak_driver - warm_driver) / max(1, n - warm_n),
+            "actors_kb_per_episode": (peak_actors - warm_actors) / max(1, n - warm_n),
             "first_token_p50_ms": 1000 * percentile(latencies, 0.5),
             "first_token_p99_ms": 1000 * percentile(latencies, 0.99)})
         out["mb_per_episode"] = (out["driver_kb_per_episode"] + out["actors_kb_per_episode"]) / 1024
@@ -208,7 +225,7 @@ def row(r: dict[str, Any]) -> list:
     return [r["in_flight"], r["actors"], r["slots"], r.get("mean_in_flight", 0.0), r.get("episodes_per_s", 0.0),
             r.get("trajectories_per_s", 0.0), r.get("driver_cpu_ms_per_traj", 0.0),
             r.get("pool_cpu_ms_per_step", 0.0), r.get("mb_per_episode", 0.0), r.get("driver_kb_per_episode", 0.0),
-            r.get("actors_kb_per_episode", 0.0), r.get("first_token_p50_ms", 0.0), r.get("first_token_p99_ms", 0.0),
+            r.get("actors_kb_per_episode", 0.0), r.get("fixed_mb", 0.0), r.get("first_token_p50_ms", 0.0), r.get("first_token_p99_ms", 0.0),
             r["failed"], r["lost"]]
 
 
@@ -224,6 +241,7 @@ def figures(results: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"coordinator_cpu_ms_per_traj_{key}"] = max(r.get("driver_cpu_ms_per_traj", 0.0) for r in timed)
         out[f"trajectories_per_s_{key}"] = max(r.get("trajectories_per_s", 0.0) for r in rs)
         out[f"mb_per_episode_in_flight_{key}"] = sum(r.get("mb_per_episode", 0.0) for r in rs) / len(rs)
+        out[f"fixed_mb_{key}"] = sum(r.get("fixed_mb", 0.0) for r in rs) / len(rs)
         out[f"first_token_p99_ms_{key}"] = max(r.get("first_token_p99_ms", 0.0) for r in rs)
         out[f"pool_cpu_ms_per_step_{key}"] = sum(r.get("pool_cpu_ms_per_step", 0.0) for r in rs) / len(rs)
     if by_level:
