@@ -39,6 +39,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from actors.generator_collective import CollectiveWeights, WeightUpdateError
 from actors.session_slots import SessionSlots
 from actors.update_gate import ENGINE_PAUSE_MODE, UpdateGate
 from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
@@ -55,10 +56,6 @@ log = logging.getLogger("agentgym.generator")
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-class WeightUpdateError(RuntimeError):
-    """A weight version could not be applied; the message names the tensor or the step that failed."""
-
-
 @dataclass
 class GeneratorStats:
     requests: int = 0
@@ -73,7 +70,7 @@ class GeneratorStats:
     busy_s: float = 0.0  # wall time with at least one request in flight (closed busy periods)
 
 
-class Generator:
+class Generator(CollectiveWeights):
     def __init__(self, model_path: str, cfg: GeneratorConfig, *, dtype: str = "float32",
                  max_model_len: int = 4096, name: str = "generator-0", initial_version: int = 0,
                  replica_index: int = 0, wait_for_weights: bool = False):
@@ -395,75 +392,6 @@ class Generator:
         self.stats.last_update_s = elapsed
         log.info("%s: applied weights version %d (%s mode) in %.2f s", self.name, version, mode, elapsed)
         return elapsed
-
-    async def apply_collective(self, raw: bytes, ann, problem: str = "", mode: str | None = None) -> float:
-        """Take part in one announced version of the weights group (actors.weights_collective) and load it in
-        place, like `apply_weights`. A set that does not fit the checkpoint is received and dropped (the group's
-        other members wait on every broadcast), then refused with WeightUpdateError."""
-        mode = mode or self.cfg.on_weight_update
-        started = time.monotonic()
-        aliases: list[list[str]] = []
-        if ann is not None and not problem:
-            shapes = dict(ann.tensors)
-            shapes.update({alias: shapes[src] for alias, src in ann.aliases})
-            if self._tied and "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes:
-                aliases.append(["lm_head.weight", "model.embed_tokens.weight"])
-                shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
-            problem = tensor_set_mismatch(shapes, self._expected_sent)
-            if problem:
-                await self.engine.collective_rpc("agentgym_receive_weights", args=(raw, [], False))
-        if problem:
-            self.stats.update_failures += 1
-            raise WeightUpdateError(f"{self.name}: weights version refused: {problem}")
-        async with self._update_lock:
-            await self._swap(ann.version, mode, "agentgym_receive_weights", (raw, aliases, True), started, started)
-        return self._applied(ann.version, mode, started)
-
-    async def join_weights_group(self, endpoint: str, rank_offset: int, world_size: int,
-                                 timeout_s: float = 300.0) -> None:
-        """Receive weights through the weights group at `endpoint` (transport.weights_sync=collective) instead of
-        the ZeroMQ channel: this replica's workers take ranks `rank_offset`, `rank_offset + 1`, ... of a group of
-        `world_size`. Returns at once; a background thread joins (when learner rank 0 forms the group), then
-        applies and acks every announced version."""
-        if self._group_thread is not None:
-            raise RuntimeError(f"{self.name} already joined a weights group")
-        loop = asyncio.get_running_loop()
-        ready = threading.Event()
-        self._group_thread = threading.Thread(target=self._collective_loop,
-                                              args=(endpoint, rank_offset, world_size, timeout_s, loop, ready),
-                                              name=f"{self.name}-weights-group", daemon=True)
-        self._group_thread.start()
-        await asyncio.to_thread(ready.wait, 30)
-        if self._weights_error:
-            raise RuntimeError(self._weights_error)
-
-    def _collective_loop(self, endpoint: str, rank_offset: int, world_size: int, timeout_s: float,
-                         loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
-        from actors.collective_subscriber import CollectiveSubscriber
-
-        try:
-            sub = CollectiveSubscriber(endpoint, self.name, timeout_s)
-            ready.set()
-            join = self.engine.collective_rpc("agentgym_join_weights_group",
-                                              args=(sub.host, sub.port, rank_offset, world_size, timeout_s))
-            asyncio.run_coroutine_threadsafe(join, loop).result()
-            while not self._stop.is_set():
-                item = sub.next(self._stop.is_set)
-                if item is None:
-                    break
-                seq, raw, ann, problem = item
-                future = asyncio.run_coroutine_threadsafe(self.apply_collective(raw, ann, problem), loop)
-                try:
-                    future.result()
-                    sub.ack(seq, True)
-                except Exception as exc:  # reported to the learner through the ack
-                    log.error("%s: weights announcement %d refused: %s", self.name, seq, exc)
-                    sub.ack(seq, False, f"{type(exc).__name__}: {exc}")
-        except BaseException as exc:  # a broken group is not survivable here: health() reports it
-            self._weights_error = f"{self.name}: the weights group thread died: {type(exc).__name__}: {exc}"
-            log.critical(self._weights_error)
-        finally:
-            ready.set()
 
     async def subscribe_weights(self, endpoint: str, curve: CurveClient | None = None, relay_host: str | None = None,
                                 relay_advertise: str = "") -> None:

@@ -83,7 +83,10 @@ def test_staleness_bound_holds_under_a_slow_learner(tiny_model_dir, tmp_path, et
     cfg = load_config(TINY_RECIPE, [f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}",
                                     "trainer.total_steps=5", f"trainer.max_staleness={eta}",
                                     "checkpoint.every_steps=0", "logging.wandb_mode=disabled",
-                                    "env.slots_per_actor=8"])
+                                    "env.slots_per_actor=8",
+                                    # Weights through the weights group (gloo here): the bound is only reached
+                                    # if every version gets to the generator; the ZeroMQ path runs in the others.
+                                    "transport.weights_sync=collective"])
     connect(num_cpus=2)
     session = TrainingSession(cfg, tmp_path)
     try:
