@@ -1,6 +1,7 @@
 """Shared fixtures. Network rule: tests talk only to 127.0.0.1 (or namespaces they create themselves)."""
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -25,3 +26,11 @@ def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """An event loop per test module, for driving a Generator (an async actor class) in-process."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()

@@ -23,13 +23,6 @@ IN_FLIGHT, DURING, LONG, SHORT = 6, 4, 160, 12
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def gen(tiny_model_dir, loop):
     cfg = GeneratorConfig(kv_cache_gb=0.0625, max_num_seqs=16, enforce_eager=True, session_tokens=512,
                           update_wait_s=60)

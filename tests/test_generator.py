@@ -63,13 +63,6 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def gen(tiny_model_dir, loop):
     cfg = GeneratorConfig(kv_cache_gb=0.0625, max_num_seqs=16, enforce_eager=True, session_tokens=1024)
     g = Generator(str(tiny_model_dir), cfg, dtype="float32", max_model_len=2048, name="test-gen")

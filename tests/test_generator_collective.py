@@ -25,13 +25,6 @@ FIXED = PROMPT + [77, 78, 79, 301, 302, 5, 6]
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def setup(tiny_model_dir, loop):
     cfg = GeneratorConfig(kv_cache_gb=0.0625, max_num_seqs=8, enforce_eager=True, session_tokens=1024)
     gen = Generator(str(tiny_model_dir), cfg, dtype="float32", max_model_len=2048, name="collective-gen")
