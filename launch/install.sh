@@ -101,34 +101,35 @@ command -v "$PY" >/dev/null || PY=python3
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || {
   echo "install.sh: Python 3.11 is required (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2; exit 2; }
 
+# apt_install PACKAGE WHY: installs a Debian package with apt (as root), or prints it under --dry-run; a failure
+# is a warning naming what will not work, since every other part still does.
+apt_install() {
+  if [ "$DRY_RUN" = 1 ]; then
+    would_ apt-get update -q
+    would_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1"
+    return
+  fi
+  echo "install.sh: installing $1 with apt ($2)"
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1"; } >/dev/null \
+    || echo "install.sh: warning: apt-get install $1 failed; $2 will not work" >&2
+}
+CAN_APT=0
+command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && CAN_APT=1
+
 # WebArena drives Debian's chromium through Playwright (`playwright install` cannot download browsers offline).
 # Installed with apt only when missing; without it every other env family still works.
 if [ ! -x /usr/bin/chromium ]; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    if [ "$DRY_RUN" = 1 ]; then
-      would_ apt-get update -q
-      would_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
-    else
-      echo "install.sh: installing chromium with apt (for the WebArena env)"
-      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null \
-        || echo "install.sh: warning: apt-get install chromium failed; the WebArena env will not run" >&2
-    fi
+  if [ "$CAN_APT" = 1 ]; then
+    apt_install chromium "the WebArena env"
   else
     echo "install.sh: warning: /usr/bin/chromium is missing (as root: apt-get update && apt-get install -y" \
          "chromium); the WebArena env needs it" >&2
   fi
 fi
 
-# The two-node cluster test builds network namespaces with iproute2's `ip`.
-if ! command -v ip >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  if [ "$DRY_RUN" = 1 ]; then
-    would_ apt-get update -q
-    would_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2
-  else
-    echo "install.sh: installing iproute2 with apt (network namespaces for the two-node test)"
-    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; } >/dev/null \
-      || echo "install.sh: warning: apt-get install iproute2 failed" >&2
-  fi
+# The two-node cluster test and the fan-out bench build network namespaces and shaped links with iproute2.
+if { ! command -v ip >/dev/null || ! command -v tc >/dev/null; } && [ "$CAN_APT" = 1 ]; then
+  apt_install iproute2 "network namespaces (the two-node test, the fan-out bench)"
 fi
 
 KIND=$FLAVOR
