@@ -16,13 +16,18 @@ import sys
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 
-def joins_cluster(argv: list[str] | None = None, environ: dict | None = None) -> bool:
-    """Whether this process will join an existing Ray cluster (RAY_ADDRESS, or a `ray.address=` override)
-    rather than start a local one."""
-    argv = sys.argv if argv is None else argv
+def joins_address(address: str, environ: dict | None = None) -> bool:
+    """Whether a run with `ray.address=address` joins an existing Ray cluster (that, or RAY_ADDRESS, which
+    `ray job submit` sets) rather than start a local one."""
     environ = os.environ if environ is None else environ
+    return bool(environ.get("RAY_ADDRESS") or address.strip("'\""))
+
+
+def joins_cluster(argv: list[str] | None = None, environ: dict | None = None) -> bool:
+    """`joins_address` before the config is loaded: from a `ray.address=` override on the command line."""
+    argv = sys.argv if argv is None else argv
     given = [a.split("=", 1)[1] for a in argv if a.startswith("ray.address=")]
-    return bool(environ.get("RAY_ADDRESS") or (given and given[-1] not in ("", "''", '""')))
+    return joins_address(given[-1] if given else "", environ)
 
 
 def ray_env_defaults(argv: list[str] | None = None, environ: dict | None = None) -> dict[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from actors.episode_watch import EpisodesFailing
 from configs.schema import RootConfig
 from launch.local_shop import ServedShop
-from launch.ray_cluster import connect, shutdown
+from launch.ray_cluster import connect, joins_address, shutdown
 from launch.stop import SignalStop
 
 log = logging.getLogger("agentgym.run")
@@ -33,7 +32,7 @@ def run_training(cfg: RootConfig) -> int:
                         stream=sys.stderr)
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cfg, shop = ServedShop.start(cfg, out, joins_cluster=bool(cfg.ray.address or os.environ.get("RAY_ADDRESS")))
+    cfg, shop = ServedShop.start(cfg, out, joins_cluster=joins_address(cfg.ray.address))
     try:
         return _attempts(cfg, out)
     finally:
