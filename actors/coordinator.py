@@ -55,13 +55,15 @@ class Coordinator:
                  state: RunState | None = None, ack_timeout_s: float = 300.0,
                  on_group_started: Callable[[GroupInfo], None] | None = None,
                  health: Callable[[], str] | None = None, health_every_s: float = 5.0,
-                 needs_republish: Callable[[], bool] | None = None, episode_watch: EpisodeWatch | None = None):
+                 needs_republish: Callable[[], bool] | None = None, episode_watch: EpisodeWatch | None = None,
+                 max_trained_turns: int = 0):
         """`health()` names a broken role's channel ("" when all is well); it is asked every `health_every_s`
         and a non-empty answer stops the run with that cause; `needs_republish()` (asked after it) asks for the
         current weights to be published again, for a generator replica that was restarted."""
         self.pools, self.learners, self.receiver = pools, learners, receiver
         self.sampler, self.gate, self.schedule = sampler, gate, schedule
         self.group_size, self.total_steps, self.max_in_flight = group_size, total_steps, max_in_flight
+        self.max_trained_turns = max_trained_turns  # 0: no budget of trained turns
         self.on_step, self.should_checkpoint, self.save = on_step, should_checkpoint, save
         self.state = state or RunState()
         self.ack_timeout_s = ack_timeout_s
@@ -196,7 +198,7 @@ class Coordinator:
                 await self._publish()
             waited_since = time.monotonic()
             self._health_at = waited_since
-            while self.state.step < self.total_steps and not self.stop_requested:
+            while self.state.step < self.total_steps and not self.stop_requested and not self.turns_spent:
                 await self._check_channels(pump)
                 if isinstance(self._fatal, EpisodesFailing):
                     raise self._fatal
@@ -275,6 +277,8 @@ class Coordinator:
         else:
             publish_s = await self._publish()
         self.state.step += 1
+        turns = float(sum(t.num_turns for t in trajs))
+        self.state.counters["trained_turns"] = self.state.counters.get("trained_turns", 0.0) + turns
         step_s = wait_s + train_s + publish_s
         metrics.update(train)
         metrics.update({
@@ -288,12 +292,18 @@ class Coordinator:
             "rollout/orphans": float(self.buffer.orphans),
             "rollout/data_cursor": float(self.sampler.drawn),
             "policy/version": float(self.state.version),
+            "rollout/trained_turns": turns, "rollout/trained_turns_total": self.state.counters["trained_turns"],
             **self.transport_metrics(),
         })
         for reason, count in self.buffer.discarded.items():
             metrics[f"rollout/discarded_groups/{reason}"] = float(count)
         self._gen_tokens = 0.0
         self.on_step(self.state.step, metrics, batch)
+
+    @property
+    def turns_spent(self) -> bool:
+        """Whether the budget of trained turns (max_trained_turns) is used up."""
+        return 0 < self.max_trained_turns <= self.state.counters.get("trained_turns", 0.0)
 
     def transport_metrics(self) -> dict[str, float]:
         """What the channels refused: bad messages per reason, refused handshakes, trajectories not admitted."""
@@ -314,5 +324,6 @@ class Coordinator:
         pending += [p for p in self._regenerate if p["group_id"] not in {q["group_id"] for q in pending}]
         self.state.pending = pending
         self.state.counters = {"gate_started": float(self.gate.started), "orphans": float(self.buffer.orphans),
+                               "trained_turns": self.state.counters.get("trained_turns", 0.0),
                                **{f"discarded_{k}": float(v) for k, v in self.buffer.discarded.items()}}
         return self.state

@@ -25,6 +25,9 @@ class TrainerConfig:
     cause. 0: stop at the first failure."""
     eval_every: int = spec(0, ge=0)
     """Evaluate every this many steps (0: only at the end, if eval.at_end)."""
+    max_trained_turns: int = spec(0, ge=0)
+    """Also stop once the trained batches have held this many turns in all (0: off; total_steps still caps
+    the run). Horizon schedules compared at equal sampled turns use it (`python -m launch.ablate horizon`)."""
 
 
 @dataclass

@@ -73,7 +73,7 @@ def _attempts(cfg: RootConfig, out: Path) -> int:
                 current.pop()
                 cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume="auto"))
                 continue
-            finished = state.step >= cfg.trainer.total_steps
+            finished = state.step >= cfg.trainer.total_steps or session.coordinator.turns_spent
             session.finish(evaluate=finished and cfg.eval.at_end and stopper.signal is None)
             if stopper.signal is not None:
                 print(f"stopped at step {state.step} by {signal.Signals(stopper.signal).name}; "

@@ -126,7 +126,8 @@ class TrainingSession:
             state=self.state, ack_timeout_s=cfg.transport.weights_ack_timeout_s,
             on_group_started=self._on_group_started, health=self.roles.health,
             needs_republish=self.roles.needs_republish,
-            episode_watch=EpisodeWatch(cfg.env.failing_window, cfg.env.failing_frac))
+            episode_watch=EpisodeWatch(cfg.env.failing_window, cfg.env.failing_frac),
+            max_trained_turns=cfg.trainer.max_trained_turns)
         if self._stop:
             self.coordinator.stop_requested = True
         self.untrained, self.untrained_notes = self._untrained_rows()
