@@ -19,7 +19,8 @@ from typing import Iterable
 import msgpack
 import torch
 
-from actors.weights_collective import Announcement, Group, layout, tensor_bytes, to_wire, torch_dtype
+from actors.weights_collective import Announcement, Group, tensor_bytes, to_wire, torch_dtype
+from actors.zero_engine import full_weight_layout, iter_full_weights
 from core.transport import DropLog
 
 log = logging.getLogger("agentgym.weights")
@@ -70,8 +71,9 @@ class CollectivePublisher:
 
     def publish(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Send `version` ((name, tensor) pairs; a tensor under two names goes once); returns bytes per member."""
-        specs, aliases, unique = layout(list(tensors))
-        return self.publish_stream(version, specs, aliases, unique)
+        named = list(tensors)
+        specs, aliases = full_weight_layout(named)
+        return self.publish_stream(version, specs, aliases, iter_full_weights(named))
 
     def publish_stream(self, version: int, specs: list[tuple[str, tuple[int, ...]]], aliases: list[tuple[str, str]],
                        tensors: Iterable[torch.Tensor]) -> int:

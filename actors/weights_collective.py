@@ -218,21 +218,6 @@ def gpu_uuid(device: torch.device) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)
 
 
-def layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[tuple[str, tuple[int, ...]]], list[tuple[str, str]],
-                                                            list[torch.Tensor]]:
-    """(tensors to send, aliases, the tensors themselves): a tensor listed under several names is sent once."""
-    seen: dict[int, str] = {}
-    specs, aliases, unique = [], [], []
-    for name, t in named:
-        if id(t) in seen:
-            aliases.append((name, seen[id(t)]))
-            continue
-        seen[id(t)] = name
-        specs.append((name, tuple(t.shape)))
-        unique.append(t)
-    return specs, aliases, unique
-
-
 def to_wire(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return t.detach().to(device=device, dtype=dtype).contiguous()
 

@@ -121,14 +121,14 @@ def iter_full_weights(named: Sequence[tuple[str, torch.Tensor]]) -> Iterator[tor
     """Each distinct tensor of `named`, full, on this rank's device, valid until the next one is asked for (a
     ZeRO-3 parameter is gathered only meanwhile). Collective in the same order as `gather_full_weights`, so rank 0
     can stream while the other ranks gather."""
-    import deepspeed
-
     seen: set[int] = set()
     for _, tensor in named:
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
         if _is_partitioned(tensor):
+            import deepspeed
+
             with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
                 yield tensor.data
         else:
