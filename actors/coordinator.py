@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from actors.episode_watch import EpisodesFailing, EpisodeWatch
 from actors.group_buffer import GroupBuffer, GroupInfo
+from core.heap import freeze_startup_heap
 from core.horizon import HorizonSchedule
 from core.metrics import rollout_metrics
 from core.rollout import EpisodeSpec
@@ -189,6 +190,7 @@ class Coordinator:
 
     async def run(self) -> RunState:
         loop = asyncio.get_running_loop()
+        freeze_startup_heap()  # the driver's imports and roles stay out of the collector's full passes
         self._arrived = asyncio.Queue()
         stop = threading.Event()
         pump = threading.Thread(target=self._pump, args=(loop, stop), name="trajectory-pump", daemon=True)

@@ -38,6 +38,7 @@ from core.chat import ChatFormat
 from core.cpu_affinity import pin_to_cores
 from core.curve import CurveClient
 from core.env import Env, Observation, StepResult, close_or_kill
+from core.heap import freeze_startup_heap
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
 from core.trajectory import Termination, Trajectory
@@ -103,6 +104,7 @@ class EnvPool:
         self._started: dict[asyncio.Task, EpisodeSpec] = {}  # batched episodes running (strong references)
         self._outcomes: list[tuple[str, tuple | None, str]] = []
         self._outcome_ready = asyncio.Event()
+        freeze_startup_heap()  # the tokenizer and the imports: out of the collector's full passes
 
     # -- episodes ----------------------------------------------------------------------------------------
     async def run(self, spec: EpisodeSpec) -> EpisodeSummary:
