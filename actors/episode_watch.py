@@ -25,12 +25,18 @@ class EpisodeWatch:
             raise ValueError(f"EpisodeWatch: window >= 1 and 0 < max_frac <= 1, got {window}, {max_frac}")
         self.window, self.max_frac = window, max_frac
         self._last: dict[str, collections.deque] = {}
+        self._failed: collections.Counter[str] = collections.Counter()  # failures in each family's window
 
     def record(self, family: str, termination: str) -> None:
-        """Note how an episode of `family` ended; raises EpisodesFailing when the family's window trips."""
+        """Note how an episode of `family` ended; raises EpisodesFailing when the family's window trips.
+        O(1) per episode: it runs for every episode the coordinator hears of."""
         last = self._last.setdefault(family, collections.deque(maxlen=self.window))
+        if len(last) == self.window and last[0] in FAILURES:
+            self._failed[family] -= 1
         last.append(termination)
-        if len(last) < self.window:
+        if termination in FAILURES:
+            self._failed[family] += 1
+        if len(last) < self.window or self._failed[family] <= self.max_frac * self.window:
             return
         failed = collections.Counter(t for t in last if t in FAILURES)
         if sum(failed.values()) > self.max_frac * self.window:

@@ -11,7 +11,8 @@ of env actors, the run fills the pipeline, waits until as many trajectories as a
 turnover), then measures for `--seconds`, then stops admitting and drains every episode. Each actor gets env slots
 for its share (`env.slots_per_actor` = in flight / actors), so every episode in flight holds a slot. Reported:
 - episodes/s (summaries back at the coordinator) and trajectories/s (filed by it);
-- the driver's CPU ms per trajectory (process CPU time of the driver, all its threads, Ray's included);
+- the driver's CPU ms per trajectory (process CPU time of the driver, all its threads, Ray's included), and
+  the part of it spent in CPython's cyclic garbage collector (`driver gc ms/traj`; see core/heap.py);
 - the pools' CPU ms per env step (their processes' CPU time over the steps taken);
 - MB per episode in flight: what one more episode in flight costs. The run first holds a tenth of the level in
   flight for one turnover (which pays the fixed costs: imports on first use, allocator arenas, Ray's and ZMQ's
@@ -41,7 +42,7 @@ from launch.bench.report import emit, table
 
 TRAINABLE = {"done", "horizon", "context_limit"}
 HEADERS = ("in flight", "actors", "slots/actor", "mean in flight", "episodes/s", "traj/s", "driver cpu ms/traj",
-           "pool cpu ms/step", "MB/episode", "driver KB/ep", "actors KB/ep", "fixed MB", "first token p50 ms", "p99 ms",
+           "driver gc ms/traj", "ray calls/traj", "pool cpu ms/step", "MB/episode", "driver KB/ep", "actors KB/ep", "fixed MB", "first token p50 ms", "p99 ms",
            "failed", "lost")
 
 
@@ -92,6 +93,7 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
     from actors.coordinator import Coordinator
     from actors.policy_client import PolicyClient
     from configs.env import EnvConfig
+    from core.heap import CollectorClock
     from core.horizon import HorizonSchedule
     from core.rollout import EpisodeLimits
     from core.staleness import StalenessGate
@@ -111,7 +113,7 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
     receiver = TrajectoryReceiver(hwm=args.hwm)
     limits = EpisodeLimits(max_tokens_per_turn=32, max_context_tokens=4096)
     supervisor = PoolSupervisor(env_cfg, PolicyClient([generator], names=[gen_name]), tokenizer_dir, limits,
-                                receiver.endpoint, num_actors=actors, name=f"scale-pool-{in_flight}")
+                                receiver.endpoints, num_actors=actors, name=f"scale-pool-{in_flight}")
     supervisor.wait_ready()
     ray.get(generator.get_stats.remote())
     pids = [i["pid"] for i in ray.get([a.info.remote() for a in supervisor.actors])]
@@ -157,15 +159,18 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
         out["fill_s"] = time.monotonic() - began
         t0, cpu0, recv0, done0, steps0 = time.monotonic(), time.process_time(), coordinator._received, \
             pools.completed, pools.steps
+        calls0 = supervisor.counters["pool/start_calls"] + supervisor.counters["pool/collect_calls"]
         pool_cpu0 = sum(cpu_s(p) for p in pids)
         peak_driver, peak_actors, in_flight_seen = 0, 0, []
-        while time.monotonic() - t0 < args.seconds:
-            await asyncio.sleep(0.5)
-            peak_driver = max(peak_driver, rss_kb(os.getpid()))
-            peak_actors = max(peak_actors, sum(rss_kb(p) for p in pids))
-            in_flight_seen.append(coordinator.buffer.in_flight * args.group_size)
+        with CollectorClock() as collector:
+            while time.monotonic() - t0 < args.seconds:
+                await asyncio.sleep(0.5)
+                peak_driver = max(peak_driver, rss_kb(os.getpid()))
+                peak_actors = max(peak_actors, sum(rss_kb(p) for p in pids))
+                in_flight_seen.append(coordinator.buffer.in_flight * args.group_size)
         seconds, cpu = time.monotonic() - t0, time.process_time() - cpu0
         received, completed = coordinator._received - recv0, pools.completed - done0
+        calls = supervisor.counters["pool/start_calls"] + supervisor.counters["pool/collect_calls"] - calls0
         pool_cpu = sum(cpu_s(p) for p in pids) - pool_cpu0
         noting[0] = False
         first = await asyncio.to_thread(lambda: ray.get(generator.take_first_seen.remote()))
@@ -175,6 +180,8 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
         out.update({
             "mean_in_flight": sum(in_flight_seen) / len(in_flight_seen), "episodes_per_s": completed / seconds,
             "trajectories_per_s": received / seconds, "driver_cpu_ms_per_traj": 1000 * cpu / max(1, received),
+            "driver_gc_ms_per_traj": 1000 * collector.seconds / max(1, received),
+            "ray_calls_per_traj": calls / max(1, received),
             "pool_cpu_ms_per_step": 1000 * pool_cpu / max(1, pools.steps - steps0),
             "driver_kb_per_episode": (peak_driver - warm_driver) / max(1, n - warm_n),
             "actors_kb_per_episode": (peak_actors - warm_actors) / max(1, n - warm_n),
@@ -223,7 +230,8 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
 
 def row(r: dict[str, Any]) -> list:
     return [r["in_flight"], r["actors"], r["slots"], r.get("mean_in_flight", 0.0), r.get("episodes_per_s", 0.0),
-            r.get("trajectories_per_s", 0.0), r.get("driver_cpu_ms_per_traj", 0.0),
+            r.get("trajectories_per_s", 0.0), r.get("driver_cpu_ms_per_traj", 0.0), r.get("driver_gc_ms_per_traj", 0.0),
+            r.get("ray_calls_per_traj", 0.0),
             r.get("pool_cpu_ms_per_step", 0.0), r.get("mb_per_episode", 0.0), r.get("driver_kb_per_episode", 0.0),
             r.get("actors_kb_per_episode", 0.0), r.get("fixed_mb", 0.0), r.get("first_token_p50_ms", 0.0), r.get("first_token_p99_ms", 0.0),
             r["failed"], r["lost"]]
