@@ -60,6 +60,10 @@ class TransportConfig:
     """Port of the learner's weights publisher (0: a free port)."""
     hwm: int = spec(64, ge=1)
     """High-water mark (messages) of the trajectory channel on each end."""
+    same_node: bool = spec(True)
+    """Env pools on the coordinator's node send their trajectories over a Unix socket (ipc://, in a directory only
+    the run's user may enter) instead of TCP: about twice the throughput for 1 MB records here, and no CURVE to
+    pay there. Pools on other nodes use `host` as before."""
     weights_chunk_mb: int = spec(4, ge=1, le=1024)
     """Largest chunk of the weights channel (small chunks keep the receiver's buffers recycled)."""
     weights_ack_timeout_s: float = spec(300.0, gt=0)

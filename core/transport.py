@@ -12,13 +12,22 @@ What must hold:
 - No message larger than a valid one can be (`WireLimits.max_message_bytes`, all frames together) reaches the
   decoder: ZeroMQ cuts any single frame over that size (dropping the connection), and the receiver drops a
   message whose frames add up to more, or that has more frames than a record.
-- With CURVE (`core.curve`), only the run's clients connect at all, and the sender of each message is the name
-  its key was issued under, not the routing id it chose.
+- With CURVE (`core.curve`), only the run's clients connect at all over TCP, and the sender of each message is
+  the name its key was issued under, not the routing id it chose.
+- Same-node fast path: the receiver also binds an `ipc://` socket (a Unix socket in a directory only its own
+  user may enter, named after this kernel's boot id) and advertises `endpoints`, TCP first. A sender takes the
+  `ipc://` one only where that socket exists under the same kernel (`pick_endpoint`), and TCP otherwise. The
+  Unix socket carries no CURVE: the file system admits only the run's user, whose processes can read the run's
+  keys anyway; nothing changes for senders on other nodes.
 """
 from __future__ import annotations
 
 import collections
 import logging
+import os
+import shutil
+import stat
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -51,6 +60,42 @@ def bind_endpoint(sock: zmq.Socket, host: str = LOOPBACK, port: int = 0) -> str:
         return f"tcp://{host}:{port}"
     bound = sock.bind_to_random_port(f"tcp://{host}")
     return f"tcp://{host}:{bound}"
+
+
+def boot_id() -> str:
+    """This kernel's boot id (the same in every process and container on one machine), "" where unknown."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip().replace("-", "")[:16]
+    except OSError:
+        return ""
+
+
+def local_ipc_dir() -> str | None:
+    """A fresh directory for a same-node socket (mode 0700), or None where this machine cannot have one."""
+    kernel = boot_id()
+    if not kernel or not hasattr(zmq, "IPC_PATH_MAX_LEN") or not zmq.has("ipc"):
+        return None
+    path = tempfile.mkdtemp(prefix=f"agentgym-{kernel}-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    if len(path) + 16 > zmq.IPC_PATH_MAX_LEN:  # a Unix socket's path is short (107 bytes on Linux)
+        os.rmdir(path)
+        return None
+    return path
+
+
+def pick_endpoint(endpoints: str) -> str:
+    """The endpoint to connect to from a space-separated list (TCP first): an `ipc://` one where its socket
+    exists under this very kernel (its directory names the boot id), else the first."""
+    options = endpoints.split()
+    kernel = boot_id()
+    for endpoint in options:
+        if endpoint.startswith("ipc://") and kernel and f"/agentgym-{kernel}-" in endpoint:
+            try:
+                if stat.S_ISSOCK(os.stat(endpoint[len("ipc://"):]).st_mode):
+                    return endpoint
+            except OSError:
+                continue
+    return options[0]
 
 
 def messages(sock: zmq.Socket, timeout_ms: int | None) -> Iterator[list[zmq.Frame]]:
@@ -100,26 +145,56 @@ class ReceiverStats:
 
 
 class TrajectoryReceiver:
-    """The consumer end. Binds; call `recv` in a loop. `curve`: admit only these clients (see core.curve)."""
+    """The consumer end. Binds; call `recv` in a loop. `curve`: admit only these clients over TCP (see
+    core.curve). `same_node`: also bind the same-node `ipc://` socket; senders get `endpoints`."""
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, hwm: int = 64,
                  limits: WireLimits = WireLimits(), ctx: zmq.Context | None = None,
-                 curve: CurveServer | None = None):
+                 curve: CurveServer | None = None, same_node: bool = True):
         # Own context under CURVE: its ZAP handler admits exactly this receiver's clients.
         self._own_ctx = ctx is None and curve is not None
         self._ctx = zmq.Context() if self._own_ctx else (ctx or zmq.Context.instance())
         self.limits = limits
         self.max_message_bytes = limits.max_message_bytes
         self._frames = 2 + len(ARRAY_FIELDS)  # routing id, header, arrays
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.RCVHWM, hwm)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        # ZeroMQ drops the connection of a peer that sends any frame over this before buffering it.
-        self._sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        self._sock = self._router(hwm)
         self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None else None
         self.endpoint = bind_endpoint(self._sock, host, port)
+        self.endpoints = self.endpoint
+        self._ipc_dir = local_ipc_dir() if same_node else None
+        self._local: zmq.Socket | None = None
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        if self._ipc_dir is not None:
+            self._local = self._router(hwm)
+            self.local_endpoint = f"ipc://{self._ipc_dir}/trajectories"
+            self._local.bind(self.local_endpoint)
+            self.endpoints = f"{self.endpoint} {self.local_endpoint}"
+            self._poller.register(self._local, zmq.POLLIN)
         self._drops = DropLog("trajectory message", log)
         self._received = 0
+
+    def _router(self, hwm: int) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.RCVHWM, hwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        # ZeroMQ drops the connection of a peer that sends any frame over this before buffering it.
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        return sock
+
+    def _messages(self, timeout_ms: int | None) -> Iterator[list[zmq.Frame]]:
+        """Messages from either socket as they arrive, until `timeout_ms` passes in all (None: forever)."""
+        if self._local is None:
+            yield from messages(self._sock, timeout_ms)
+            return
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            ready = self._poller.poll(wait)
+            if not ready:
+                return
+            for sock, _ in ready:
+                yield sock.recv_multipart(copy=False)
 
     @property
     def stats(self) -> ReceiverStats:
@@ -135,7 +210,7 @@ class TrajectoryReceiver:
 
         Bad messages are dropped and counted on the way; they never raise here.
         """
-        for parts in messages(self._sock, timeout_ms):
+        for parts in self._messages(timeout_ms):
             sender = peer_name(parts[-1]) or bytes(parts[0].buffer)[:64].decode("utf-8", "replace")
             size = sum(len(p.buffer) for p in parts[1:])
             if len(parts) != self._frames:
@@ -166,13 +241,18 @@ class TrajectoryReceiver:
 
     def close(self) -> None:
         self._sock.close(0)
+        if self._local is not None:
+            self._local.close(0)
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
         if self._own_ctx:
             release_handler(self._ctx)
             self._ctx.term()
 
 
 class TrajectorySender:
-    """A producer end. Connects to the receiver's endpoint; `send` blocks under backpressure."""
+    """A producer end. Connects to the receiver (`endpoint`: one, or its `endpoints`, of which it takes the
+    same-node one where it can: `pick_endpoint`); `send` blocks under backpressure."""
 
     def __init__(self, endpoint: str, name: str | None = None, hwm: int = 64,
                  ctx: zmq.Context | None = None, curve: CurveClient | None = None):
@@ -185,9 +265,10 @@ class TrajectorySender:
         self._sock.setsockopt(zmq.ROUTING_ID, self.name.encode())
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 5000)
-        if curve is not None:
+        self.endpoint = pick_endpoint(endpoint)
+        if curve is not None and not self.endpoint.startswith("ipc://"):
             curve.apply(self._sock)
-        self._sock.connect(endpoint)
+        self._sock.connect(self.endpoint)
         self.sent = 0
 
     def send(self, traj: Trajectory, timeout_ms: int | None = None) -> None:

@@ -99,9 +99,9 @@ def evaluate_rows(cfg: RootConfig, policy: Any, tokenizer_dir: str, out_dir: Pat
     """Each family's figures for `policy` on the eval items, run on fresh env pools."""
     from launch.pools import PoolSupervisor
 
-    receiver = TrajectoryReceiver(cfg.transport.host, 0, cfg.transport.hwm)
+    receiver = TrajectoryReceiver(cfg.transport.host, 0, cfg.transport.hwm, same_node=cfg.transport.same_node)
     env_cfg = dataclasses.replace(cfg.env, mix={e: 1.0 for e in families})
-    pools = PoolSupervisor(env_cfg, policy, tokenizer_dir, limits, receiver.endpoint, name=name,
+    pools = PoolSupervisor(env_cfg, policy, tokenizer_dir, limits, receiver.endpoints, name=name,
                            log_dir=None if cfg.logging.verbose else str(out_dir.resolve() / "logs"))
     try:
         pools.wait_ready()

@@ -96,12 +96,13 @@ class TrainingSession:
         self.receiver = TrajectoryReceiver(
             cfg.transport.host, cfg.transport.trajectory_port, cfg.transport.hwm,
             limits=WireLimits(vocab_size=vocab_size(model_dir)),
-            curve=self.keys.trajectory_server_side(pool_names(cfg.env.num_actors)) if self.keys else None)
+            curve=self.keys.trajectory_server_side(pool_names(cfg.env.num_actors)) if self.keys else None,
+            same_node=cfg.transport.same_node)
         limits = EpisodeLimits(
             max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_context_tokens=cfg.rollout.max_context_tokens,
             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, format_reward=cfg.rollout.format_reward,
             instruction_role=cfg.rollout.instruction_role)
-        self.roles = Roles.start(cfg, model_dir, advertised(self.receiver.endpoint), limits,
+        self.roles = Roles.start(cfg, model_dir, advertised(self.receiver.endpoints), limits,
                                  resume_learner=self.resume_from / "learner" if self.resume_from else None,
                                  keys=self.keys)
         write_json(self.out / "placement.json", self.roles.placement())
@@ -165,6 +166,7 @@ class TrainingSession:
         keys = self.keys
         return {"auth": "curve" if keys else "off",
                 "trajectory_endpoint": advertised(self.receiver.endpoint),
+                "trajectory_same_node_endpoint": getattr(self.receiver, "local_endpoint", ""),
                 "weights_endpoint": advertised(self.roles.learners.weights_endpoint,
                                                self.roles.learners.rank0_address),
                 "trajectory_server_public": keys.trajectory_server.public.decode() if keys else "",

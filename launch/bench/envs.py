@@ -258,7 +258,7 @@ def _pools(args, supervisors: dict):
             limits = EpisodeLimits(max_tokens_per_turn=256, max_context_tokens=32768)
             for k in (1, 2):
                 cfg = EnvConfig(num_actors=k, slots_per_actor=args.slots, num_cpus_per_actor=0.5)
-                supervisors[k] = PoolSupervisor(cfg, policy, model_dir, limits, receiver.endpoint,
+                supervisors[k] = PoolSupervisor(cfg, policy, model_dir, limits, receiver.endpoints,
                                                 name=f"bench{k}")
             for k, supervisor in supervisors.items():
                 supervisor.wait_ready()
