@@ -4,8 +4,9 @@ All in one run, side by side, with the default model unless `--model` says other
 1. Single turn: `--episodes` BabyAI-like prompts (the chat template over a grid-world instruction and
    observation) sampled at once through our generator actor (Ray actor, AsyncLLM, PolicyClient), then the same
    prompts through vLLM's offline `LLM.generate` with the same engine settings, then Hugging Face `generate`
-   one request at a time on the first `--hf-requests` of them. Figures: tokens/s of each and the ratios
-   `actor_over_offline` (target >= 0.8) and `actor_over_hf`.
+   one request at a time on the first `--hf-requests` of them, and batched on all of them (left-padded, one
+   `generate` call). Figures: tokens/s of each and the ratios `actor_over_offline` (target >= 0.8),
+   `actor_over_hf` (one at a time) and `actor_over_hf_batched`.
 2. Weight sync: the model's full weights published on the weights channel until the actor acked, versus a
    memcpy of the same bytes: `weight_sync_over_memcpy` (target <= 10); the actor's own apply time too.
 3. Multi-turn: `--mt-episodes` episodes of `--mt-turns` turns, all started at once through the real rollout
@@ -238,6 +239,34 @@ def hf_one_at_a_time(model_dir: Path, prompts: list[list[int]], max_tokens: int,
     return tokens, elapsed
 
 
+def hf_batched(model_dir: Path, prompts: list[list[int]], max_tokens: int, dtype: str) -> tuple[int, float]:
+    """Hugging Face `generate` on every prompt at once: left-padded to the longest, with an attention mask.
+    A row's tokens are counted up to and including its first end-of-sequence token (what follows is padding)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad = next(iter(eos_ids))
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        model.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, do_sample=True, pad_token_id=pad)
+        t0 = time.monotonic()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=True, temperature=1.0,
+                             top_p=1.0, top_k=0, pad_token_id=pad)
+    elapsed = time.monotonic() - t0
+    tokens = 0
+    for row in out[:, width:].tolist():
+        ends = [i for i, t in enumerate(row) if t in eos_ids]
+        tokens += ends[0] + 1 if ends else len(row)
+    del model
+    gc.collect()
+    return tokens, elapsed
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m launch.bench generator", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default", help="model.path: `default`, a local folder or a hub name")
@@ -345,6 +374,10 @@ def main(argv: list[str]) -> int:
         figures["hf_tok_s"] = tokens / secs
         figures["actor_over_hf"] = figures["actor_tok_s"] / figures["hf_tok_s"]
         rows.append(("HF generate, one at a time", args.hf_requests, tokens, secs, tokens / secs))
+        tokens, secs = hf_batched(model_dir, prompts, args.max_tokens, args.dtype)
+        figures["hf_batched_tok_s"] = tokens / secs
+        figures["actor_over_hf_batched"] = figures["actor_tok_s"] / figures["hf_batched_tok_s"]
+        rows.append(("HF generate, batched (left-padded)", len(prompts), tokens, secs, tokens / secs))
     print(table(["single turn", "requests", "tokens", "seconds", "tokens/s"], rows))
     if "weight_sync_s" in figures:
         print(table(["weights", "MB", "seconds", "x memcpy"], [

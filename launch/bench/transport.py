@@ -1,8 +1,12 @@
 """`python -m launch.bench transport`: our ZeroMQ path vs Ray's object store vs memcpy, side by side.
 
 - Trajectory frames of 64 KB and 1 MB: a producer process encodes and sends records; this process receives,
-  decodes and validates them (the whole path a trajectory takes). Ray: `ray.get(ray.put(record))` of the same
-  record. memcpy: a copy of a buffer of the same size.
+  decodes and validates them (the whole path a trajectory takes), over the same-node Unix socket (`zmq`, what
+  a pool on the coordinator's node uses) and over loopback TCP (`zmq tcp`, what crosses nodes). Ray: `ray.get(ray.put(record))` of the same
+  record (one process, serial: the lower bound of Ray's cost), and Ray across processes as it would carry
+  trajectories (`ray xproc`: a producer actor's records taken with `ray.get` on refs, 64 in flight, validated
+  as the receiver validates). memcpy: a copy of a buffer of the same size, hot (one buffer, cached) and cold
+  (rings four times the last-level cache, as a received message's bytes are).
 - A 256 MB weights payload: the weights channel to a subscriber process, until its ack; Ray put + get of the same
   array; memcpy of the same bytes.
 - The same ZeroMQ paths with CURVE (authenticated and encrypted, as off loopback by default): side by side with
@@ -41,8 +45,9 @@ def _keys(client: str):
     return RunKeys.generate([client])
 
 
-def zmq_trajectories(size: int, count: int, warmup: int, curve: bool = False) -> float:
-    """Seconds for `count` records after `warmup`, producer in another process (CURVE when `curve`)."""
+def zmq_trajectories(size: int, count: int, warmup: int, curve: bool = False, same_node: bool = False) -> float:
+    """Seconds for `count` records after `warmup`, producer in another process: over TCP (CURVE when `curve`),
+    or over the same-node Unix socket a pool on the coordinator's node takes (`same_node`)."""
     from core.codec import WireLimits
     from core.transport import TrajectoryReceiver
 
@@ -50,7 +55,10 @@ def zmq_trajectories(size: int, count: int, warmup: int, curve: bool = False) ->
     rx = TrajectoryReceiver(hwm=64, limits=WireLimits(max_tokens=1 << 22),
                             curve=keys.trajectory_server_side(["bench-producer"]) if keys else None)
     client = keys.trajectory_client("bench-producer") if keys else None
-    proc = mp.get_context("spawn").Process(target=_produce, args=(rx.endpoint, size, warmup + count, client))
+    endpoint = rx.endpoints if same_node else rx.endpoint
+    if same_node and endpoint == rx.endpoint:
+        raise RuntimeError("no same-node socket on this machine (see core.transport.local_ipc_dir)")
+    proc = mp.get_context("spawn").Process(target=_produce, args=(endpoint, size, warmup + count, client))
     proc.start()
     for _ in range(warmup):
         assert rx.recv(60_000) is not None
@@ -72,6 +80,70 @@ def ray_put_get(obj, count: int, warmup: int) -> float:
     start = time.perf_counter()
     for _ in range(count):
         ray.get(ray.put(obj))
+    return time.perf_counter() - start
+
+
+class _RayProducer:
+    """The Ray way to carry trajectories across processes: an actor returns records, the consumer gets refs."""
+
+    def __init__(self, size: int):
+        self.traj = trajectory_of_bytes(size)
+
+    def make(self):
+        return self.traj
+
+
+def ray_xproc(size: int, count: int, warmup: int, window: int = 64) -> float:
+    """Seconds for `count` records from a producer actor (another process), taken here with `ray.get` on their
+    refs with `window` calls in flight (the trajectory channel's high-water mark), each validated as our
+    receiver validates (`Trajectory.validate`, the check `core.codec.decode` ends with)."""
+    import collections
+
+    import ray
+
+    from core.codec import WireLimits
+
+    limits = WireLimits(max_tokens=1 << 22)
+    producer = ray.remote(_RayProducer).options(num_cpus=0).remote(size)
+
+    def take(n: int) -> None:
+        pending = collections.deque(producer.make.remote() for _ in range(min(window, n)))
+        issued = len(pending)
+        while pending:
+            ray.get(pending.popleft()).validate(max_tokens=limits.max_tokens, max_turns=limits.max_turns)
+            if issued < n:
+                pending.append(producer.make.remote())
+                issued += 1
+
+    take(warmup)
+    start = time.perf_counter()
+    take(count)
+    elapsed = time.perf_counter() - start
+    ray.kill(producer)
+    return elapsed
+
+
+def last_level_cache_bytes() -> int:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            text = f.read().strip()
+        return int(text[:-1]) * {"K": KB, "M": MB}[text[-1]] if text[-1] in "KM" else int(text)
+    except (OSError, ValueError, KeyError):
+        return 32 * MB  # a common server L3; the figure then says what it assumed
+
+
+def memcpy_cold(nbytes: int, count: int) -> float:
+    """Seconds for `count` copies of `nbytes`, each from and to a part of two rings four times the last-level
+    cache, so no copy finds its bytes cached (as a received message's bytes are not)."""
+    ring = max(4 * last_level_cache_bytes(), 2 * nbytes)
+    slots = ring // nbytes
+    src = np.random.default_rng(0).integers(0, 255, slots * nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    start = time.perf_counter()
+    for i in range(count):
+        k = (i % slots) * nbytes
+        np.copyto(dst[k:k + nbytes], src[k:k + nbytes])
     return time.perf_counter() - start
 
 
@@ -148,15 +220,23 @@ def main(argv: list[str]) -> int:
         wire = sum(len(f) for f in encode(traj))
         plain, curve = paired(lambda: zmq_trajectories(size, count, warmup=count // 10),
                               lambda: zmq_trajectories(size, count, warmup=count // 10, curve=True), args.trials)
-        times = {"zmq": plain, "zmq+curve": curve, "ray": ray_put_get(traj, count, warmup=count // 10),
-                 "memcpy": memcpy(wire, count)}
+        local = statistics.median(zmq_trajectories(size, count, warmup=count // 10, same_node=True)
+                                  for _ in range(args.trials))
+        times = {"zmq": local, "zmq tcp": plain, "zmq+curve": curve, "ray": ray_put_get(traj, count, warmup=count // 10),
+                 "ray xproc": statistics.median(ray_xproc(size, count, warmup=count // 10) for _ in range(args.trials)),
+                 "memcpy": memcpy(wire, count), "memcpy cold": memcpy_cold(wire, count)}
         for path, seconds in times.items():
             rows.append([f"trajectory {label}", path, count / seconds, wire * count / seconds / 1e9,
                          times["ray"] / times["zmq"] if path == "zmq" else "",
-                         times["memcpy"] / times["zmq"] if path == "zmq" else ""])
-        figures[f"curve_over_plain_{label}"] = times["zmq"] / times["zmq+curve"]
+                         times["ray xproc"] / times["zmq"] if path == "zmq" else "",
+                         times["memcpy"] / times["zmq"] if path == "zmq" else "",
+                         times["memcpy cold"] / times["zmq"] if path == "zmq" else ""])
+        figures[f"curve_over_plain_{label}"] = times["zmq tcp"] / times["zmq+curve"]
         figures[f"zmq_over_ray_{label}"] = times["ray"] / times["zmq"]
+        figures[f"zmq_over_ray_xproc_{label}"] = times["ray xproc"] / times["zmq"]
+        figures[f"zmq_tcp_over_ray_xproc_{label}"] = times["ray xproc"] / times["zmq tcp"]
         figures[f"zmq_over_memcpy_{label}"] = times["memcpy"] / times["zmq"]
+        figures[f"zmq_over_memcpy_cold_{label}"] = times["memcpy cold"] / times["zmq"]
         figures[f"zmq_gbps_{label}"] = wire * count / times["zmq"] / 1e9
 
     nbytes, count = args.weights_mb * MB, args.weights_count
@@ -167,17 +247,22 @@ def main(argv: list[str]) -> int:
              "memcpy": memcpy(nbytes, count)}
     for path, seconds in times.items():
         rows.append([f"weights {args.weights_mb} MB", path, count / seconds, nbytes * count / seconds / 1e9,
-                     times["ray"] / times["zmq"] if path == "zmq" else "",
-                     times["memcpy"] / times["zmq"] if path == "zmq" else ""])
+                     times["ray"] / times["zmq"] if path == "zmq" else "", "",
+                     times["memcpy"] / times["zmq"] if path == "zmq" else "", ""])
     figures["curve_over_plain_weights"] = times["zmq"] / times["zmq+curve"]
     figures["zmq_over_ray_weights"] = times["ray"] / times["zmq"]
     figures["zmq_over_memcpy_weights"] = times["memcpy"] / times["zmq"]
     shutdown()
 
-    print(table(["payload", "path", "msgs/s", "GB/s", "zmq/ray", "zmq/memcpy"], rows))
-    print("zmq: producer process -> encode -> loopback TCP -> decode + validate; weights until the receiver's ack.")
-    print("zmq+curve: the same with CURVE (per-run keys, encrypted); curve_over_plain = its throughput / plain's;")
-    print(f"zmq and zmq+curve rows are medians of {args.trials} alternating runs each, after one untimed run.")
-    print("ray: ray.get(ray.put(x)) in one process; memcpy: np.copyto of the same number of bytes.")
+    print(table(["payload", "path", "msgs/s", "GB/s", "zmq/ray", "zmq/ray xproc", "zmq/memcpy", "zmq/memcpy cold"],
+                rows))
+    print("zmq: producer process -> encode -> the same-node Unix socket (what a pool on the coordinator's node")
+    print("  takes) -> decode + validate; zmq tcp: the same over loopback TCP; weights: TCP until the receiver's ack.")
+    print("zmq+curve: TCP with CURVE (per-run keys, encrypted); curve_over_plain = its throughput / zmq tcp's;")
+    print(f"zmq tcp and zmq+curve rows are medians of {args.trials} alternating runs each, after one untimed run;")
+    print(f"zmq and ray xproc rows are medians of {args.trials} runs.")
+    print("ray: ray.get(ray.put(x)) in one process; ray xproc: a producer actor's records taken with ray.get on")
+    print("  their refs, 64 in flight, each validated as the zmq receiver validates; memcpy: np.copyto of the same")
+    print(f"  number of bytes (hot: one buffer; cold: rings of 4 x the {last_level_cache_bytes() // MB} MB last-level cache).")
     emit(figures)
     return 0
