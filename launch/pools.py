@@ -16,7 +16,10 @@ What must hold:
   routed to an actor meanwhile waits for it, so batches grow when the driver is busy), and one long-polling
   `finished` call per busy actor brings their summaries back (lingering `collect_linger_s` for more to join).
   A Ray call costs the driver about 2 ms of CPU, far more than the rest of an episode's handling: this keeps
-  calls to about one per ten episodes or fewer at scale. Specs and summaries cross as tuples of plain values.
+  calls to about one per ten episodes or fewer at scale. The window and the linger apply only at scale (at
+  least `dispatch_batch` episodes out per actor); below that an admission's burst goes at once and summaries
+  come back without waiting, since latency matters more than calls there. Specs and summaries cross as tuples
+  of plain values.
 - If that actor dies meanwhile, the episode is reported lost (a summary with termination `lost`, counted in
   `pool/lost` and kept in `lost_specs`), never silently dropped; `resubmit=n` retries it up to n times on
   whichever actor is then least loaded. An episode dispatched to an actor as it dies is reported lost even if
@@ -161,7 +164,10 @@ class PoolSupervisor:
             self._flush()
         elif not self._flush_due:
             self._flush_due = True
-            self._loop.call_later(self.dispatch_delay_s, self._flush)
+            if self._at_scale():
+                self._loop.call_later(self.dispatch_delay_s, self._flush)
+            else:  # after the episodes started in this same turn of the loop (one admission's burst)
+                self._loop.call_soon(self._flush)
         try:
             return await outcome
         except RayActorError as exc:
@@ -178,6 +184,11 @@ class PoolSupervisor:
         finally:
             self._in_flight[k].pop(tid, None)
             self._waiting[k].pop(tid, None)
+
+    def _at_scale(self) -> bool:
+        """Whether enough episodes are out for batching to pay: `dispatch_batch` per actor. Below that, episodes
+        go at once and summaries come back without lingering (latency matters more than calls there)."""
+        return sum(map(len, self._in_flight)) >= self.dispatch_batch * len(self.actors)
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         """The running loop; a new one (in-process users may run one after another) starts from a clean slate."""
@@ -225,7 +236,8 @@ class PoolSupervisor:
             while self._waiting[k]:
                 self.counters["pool/collect_calls"] += 1
                 try:
-                    outcomes = await self.actors[k].finished.remote(self.collect_wait_s, self.collect_linger_s)
+                    linger = self.collect_linger_s if self._at_scale() else 0.0
+                    outcomes = await self.actors[k].finished.remote(self.collect_wait_s, linger)
                 except RayActorError as exc:
                     self._fail(k, list(self._waiting[k]), exc)
                     return
