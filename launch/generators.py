@@ -112,15 +112,37 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
     `actor_tag`: replicas get the Ray actor names `ray_name(name, actor_tag)` (unique per start when it is).
     `weights_relay_host`: each replica binds its relay forwarding socket there (None: the channel is a star).
     `weights_sync` collective: `weights_endpoint` is learner rank 0's weights group, which each replica's workers
-    join (replica i takes ranks 1 + i * workers onwards; the group forms when rank 0 waits for its peers)."""
+    join (replica i takes ranks 1 + i * workers onwards; the group forms when rank 0 waits for its peers).
+    The two halves, `launch_generators` and `connect_generators`, let a caller start other roles in between."""
+    handles = launch_generators(model_dir, cfg, dtype=dtype, max_model_len=max_model_len,
+                                initial_version=initial_version, name_prefix=name_prefix, log_dir=log_dir,
+                                actor_tag=actor_tag)
+    connect_generators(handles, cfg, weights_endpoint=weights_endpoint, name_prefix=name_prefix, timeout_s=timeout_s,
+                       weights_curve=weights_curve, weights_relay_host=weights_relay_host, weights_sync=weights_sync,
+                       weights_timeout_s=weights_timeout_s)
+    return handles
+
+
+def launch_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str, max_model_len: int,
+                      initial_version: int = 0, name_prefix: str = "generator", log_dir: str | None = None,
+                      actor_tag: str = "") -> list[Any]:
+    """Create the replicas' actors without waiting for them (their engines load meanwhile)."""
     import ray
 
     remote_cls = ray.remote(Replica)
-    launches = replica_launches(cfg, name_prefix)
-    names = [r.name for r in launches]
-    handles = [remote_cls.options(name=ray_name(r.name, actor_tag), **with_role_log(r.options, log_dir, r.name)).remote(
+    return [remote_cls.options(name=ray_name(r.name, actor_tag), **with_role_log(r.options, log_dir, r.name)).remote(
         str(model_dir), r.cfg, dtype=dtype, max_model_len=max_model_len, name=r.name,
-        initial_version=initial_version, replica_index=r.index) for r in launches]
+        initial_version=initial_version, replica_index=r.index) for r in replica_launches(cfg, name_prefix)]
+
+
+def connect_generators(handles: list[Any], cfg: GeneratorConfig, *, weights_endpoint: str = "",
+                       name_prefix: str = "generator", timeout_s: float = 900.0,
+                       weights_curve: dict[str, CurveClient] | None = None, weights_relay_host: str | None = None,
+                       weights_sync: str = "zmq", weights_timeout_s: float = 300.0) -> None:
+    """Wait until every launched replica's engine is ready, then subscribe each to the weights (see above)."""
+    import ray
+
+    names = replica_names(len(handles), name_prefix)
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
     if weights_endpoint and weights_sync == "collective":
         workers = workers_per_replica(cfg)
@@ -130,7 +152,6 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
         curves = [weights_curve[n] if weights_curve else None for n in names]
         ray.get([h.subscribe_weights.remote(weights_endpoint, c, weights_relay_host)
                  for h, c in zip(handles, curves)], timeout=60)
-    return handles
 
 
 def workers_per_replica(cfg: GeneratorConfig) -> int:

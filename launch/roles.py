@@ -109,8 +109,14 @@ class Roles:
     @classmethod
     def start(cls, cfg: RootConfig, model_dir: Path, trajectory_endpoint: str, limits: EpisodeLimits,
               resume_learner: Path | None = None, keys: RunKeys | None = None) -> "Roles":
-        """Start every role. `keys`: the run's CURVE keys (core.curve), None when the channels go without."""
-        from launch.generators import ray_name, replica_names, start_generators, workers_per_replica
+        """Start every role. `keys`: the run's CURVE keys (core.curve), None when the channels go without.
+
+        Roles load in parallel where they can: on CPU the generator replicas and the env pools are created first
+        and load their engines and tokenizers while the learners start; on GPUs the replicas wait for the
+        learners (vLLM sizes its KV cache from the memory free when it starts, which a learner starting beside it
+        would change), and the env pools load while the replicas do."""
+        from launch.generators import (connect_generators, launch_generators, ray_name, replica_names,
+                                       workers_per_replica)
         from launch.learners import LearnerGroup
         from launch.pools import PoolSupervisor, pool_names
         from actors.policy_client import PolicyClient
@@ -120,36 +126,44 @@ class Roles:
         tag = f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this start's replicas, by name (PolicyClient)
         t = cfg.transport
         replicas = replica_names(cfg.generator.num_replicas)
-        learners = LearnerGroup(model_dir, cfg.model.dtype, cfg.learner, cfg.algorithm,
-                                sampling_temperature=cfg.rollout.temperature, weights_host=t.host,
-                                weights_port=t.weights_port, weights_chunk_bytes=t.weights_chunk_mb << 20,
-                                weights_curve=keys.weights_server_side(replicas) if keys else None,
-                                weights_subscribers=replicas, weights_stall_timeout_s=t.weights_stall_timeout_s,
-                                log_dir=log_dir, weights_fanout=t.weights_fanout, weights_sync=t.weights_sync,
-                                weights_workers_per_replica=workers_per_replica(cfg.generator),
-                                weights_timeout_s=t.weights_ack_timeout_s)
-        generators, pools = [], None
+        learners, generators, pools = None, [], None
+
+        def launch_rest() -> tuple[Any, Any]:
+            launched = launch_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
+                                         max_model_len=cfg.rollout.max_context_tokens, log_dir=log_dir, actor_tag=tag)
+            generators.extend(launched)
+            policy = PolicyClient(launched, recovery_wait_s=cfg.generator.recovery_wait_s,
+                                  names=[ray_name(n, tag) for n in replicas])
+            curves = {n: keys.trajectory_client(n) for n in pool_names(cfg.env.num_actors)} if keys else None
+            return policy, PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint,
+                                          trajectory_curve=curves, log_dir=log_dir)
+
         try:
+            if cfg.generator.device == "cpu":
+                policy, pools = launch_rest()
+            learners = LearnerGroup(model_dir, cfg.model.dtype, cfg.learner, cfg.algorithm,
+                                    sampling_temperature=cfg.rollout.temperature, weights_host=t.host,
+                                    weights_port=t.weights_port, weights_chunk_bytes=t.weights_chunk_mb << 20,
+                                    weights_curve=keys.weights_server_side(replicas) if keys else None,
+                                    weights_subscribers=replicas, weights_stall_timeout_s=t.weights_stall_timeout_s,
+                                    log_dir=log_dir, weights_fanout=t.weights_fanout, weights_sync=t.weights_sync,
+                                    weights_workers_per_replica=workers_per_replica(cfg.generator),
+                                    weights_timeout_s=t.weights_ack_timeout_s)
+            if pools is None:
+                policy, pools = launch_rest()
             if resume_learner is not None:
                 learners.load_checkpoint(str(resume_learner))
             endpoint = advertised(learners.weights_endpoint, learners.rank0_address)
             curves = {n: keys.weights_client(n) for n in replicas} if keys else None
             collective = t.weights_sync == "collective"  # a weights group instead of the ZeroMQ channel
             relay_host = t.host if t.weights_fanout == "relay" and not collective else None  # forwarding socket
-            generators = start_generators(
-                model_dir, cfg.generator, dtype=cfg.model.dtype, max_model_len=cfg.rollout.max_context_tokens,
-                weights_endpoint=endpoint, weights_curve=curves, log_dir=log_dir, actor_tag=tag,
-                weights_relay_host=relay_host, weights_sync=t.weights_sync, weights_timeout_s=t.weights_ack_timeout_s)
+            connect_generators(generators, cfg.generator, weights_endpoint=endpoint, weights_curve=curves,
+                               weights_relay_host=relay_host, weights_sync=t.weights_sync,
+                               weights_timeout_s=t.weights_ack_timeout_s)
             learners.wait_for_subscribers(len(generators), timeout_s=120)
             watch = GeneratorWatch(generators, endpoint, [curves[n] if curves else None for n in replicas],
                                    cfg.generator.recovery_wait_s, relay_host=relay_host, rejoins=not collective)
             watch.check()
-            policy = PolicyClient(generators, recovery_wait_s=cfg.generator.recovery_wait_s,
-                                  names=[ray_name(n, tag) for n in replicas])
-            names = pool_names(cfg.env.num_actors)
-            pools = PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint,
-                                   trajectory_curve={n: keys.trajectory_client(n) for n in names} if keys else None,
-                                   log_dir=log_dir)
             pools.wait_ready()
         except BaseException:
             cls._stop_parts(learners, generators, pools)
