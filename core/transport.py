@@ -15,8 +15,9 @@ What must hold:
 - With CURVE (`core.curve`), only the run's clients connect at all over TCP, and the sender of each message is
   the name its key was issued under, not the routing id it chose.
 - Same-node fast path: the receiver also binds an `ipc://` socket (a Unix socket in a directory only its own
-  user may enter, named after this kernel's boot id) and advertises `endpoints`, TCP first. A sender takes the
-  `ipc://` one only where that socket exists under the same kernel (`pick_endpoint`), and TCP otherwise. The
+  user may enter, named after this kernel's boot id and network namespace) and advertises `endpoints`, TCP
+  first. A sender takes the `ipc://` one only where that socket exists under the same kernel and network
+  namespace (`pick_endpoint`), and TCP otherwise. The
   Unix socket carries no CURVE: the file system admits only the run's user, whose processes can read the run's
   keys anyway; nothing changes for senders on other nodes.
 """
@@ -62,21 +63,24 @@ def bind_endpoint(sock: zmq.Socket, host: str = LOOPBACK, port: int = 0) -> str:
     return f"tcp://{host}:{bound}"
 
 
-def boot_id() -> str:
-    """This kernel's boot id (the same in every process and container on one machine), "" where unknown."""
+def node_id() -> str:
+    """Who counts as this node: the kernel's boot id and the network namespace, "" where unknown. Processes in
+    other network namespaces of the same kernel (containers, the tests' own hosts) are other nodes: they use
+    TCP like any remote node, even where they could reach the same Unix socket."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip().replace("-", "")[:16]
+            kernel = f.read().strip().replace("-", "")[:16]
+        return f"{kernel}n{os.stat('/proc/self/ns/net').st_ino}"
     except OSError:
         return ""
 
 
 def local_ipc_dir() -> str | None:
     """A fresh directory for a same-node socket (mode 0700), or None where this machine cannot have one."""
-    kernel = boot_id()
-    if not kernel or not hasattr(zmq, "IPC_PATH_MAX_LEN") or not zmq.has("ipc"):
+    node = node_id()
+    if not node or not hasattr(zmq, "IPC_PATH_MAX_LEN") or not zmq.has("ipc"):
         return None
-    path = tempfile.mkdtemp(prefix=f"agentgym-{kernel}-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    path = tempfile.mkdtemp(prefix=f"agentgym-{node}-", dir="/tmp" if os.path.isdir("/tmp") else None)
     if len(path) + 16 > zmq.IPC_PATH_MAX_LEN:  # a Unix socket's path is short (107 bytes on Linux)
         os.rmdir(path)
         return None
@@ -85,11 +89,11 @@ def local_ipc_dir() -> str | None:
 
 def pick_endpoint(endpoints: str) -> str:
     """The endpoint to connect to from a space-separated list (TCP first): an `ipc://` one where its socket
-    exists under this very kernel (its directory names the boot id), else the first."""
+    exists on this very node (its directory names the node: `node_id`), else the first."""
     options = endpoints.split()
-    kernel = boot_id()
+    node = node_id()
     for endpoint in options:
-        if endpoint.startswith("ipc://") and kernel and f"/agentgym-{kernel}-" in endpoint:
+        if endpoint.startswith("ipc://") and node and f"/agentgym-{node}-" in endpoint:
             try:
                 if stat.S_ISSOCK(os.stat(endpoint[len("ipc://"):]).st_mode):
                     return endpoint

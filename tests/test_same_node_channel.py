@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from core.codec import WireLimits, encode
 from core.curve import CurveClient, KeyPair, RunKeys
-from core.transport import TrajectoryReceiver, TrajectorySender, boot_id, pick_endpoint
+from core.transport import TrajectoryReceiver, TrajectorySender, node_id, pick_endpoint
 from launch.bench.samples import make_trajectory
 
-pytestmark = pytest.mark.skipif(not boot_id(), reason="no kernel boot id: the same-node path is off here")
+pytestmark = pytest.mark.skipif(not node_id(), reason="no node identity (boot id, network namespace): no same-node path")
 
 
 def test_a_sender_on_the_node_takes_the_unix_socket_and_one_given_tcp_keeps_it():
@@ -39,13 +42,28 @@ def test_a_sender_on_the_node_takes_the_unix_socket_and_one_given_tcp_keeps_it()
 def test_an_ipc_endpoint_of_another_kernel_or_without_its_socket_is_not_taken(tmp_path):
     tcp = "tcp://10.1.2.3:4000"
     assert pick_endpoint(f"{tcp} ipc:///tmp/agentgym-0123456789abcdef-x/trajectories") == tcp  # another machine
-    missing = f"ipc://{tmp_path}/agentgym-{boot_id()}-gone/trajectories"
+    missing = f"ipc://{tmp_path}/agentgym-{node_id()}-gone/trajectories"
     assert pick_endpoint(f"{tcp} {missing}") == tcp
-    plain_file = tmp_path / f"agentgym-{boot_id()}-file"
+    plain_file = tmp_path / f"agentgym-{node_id()}-file"
     plain_file.mkdir()
     (plain_file / "trajectories").write_text("not a socket")
     assert pick_endpoint(f"{tcp} ipc://{plain_file}/trajectories") == tcp
     assert pick_endpoint(tcp) == tcp
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_sender_in_another_network_namespace_counts_as_another_node():
+    rx = TrajectoryReceiver()
+    try:
+        probe = "import sys; from core.transport import pick_endpoint; print(pick_endpoint(sys.argv[1]))"
+        here = subprocess.run([sys.executable, "-c", probe, rx.endpoints], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.dirname(__file__)), timeout=60)
+        there = subprocess.run(["unshare", "--net", sys.executable, "-c", probe, rx.endpoints], capture_output=True,
+                               text=True, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=60)
+        assert here.stdout.strip() == rx.local_endpoint, here.stderr
+        assert there.stdout.strip() == rx.endpoint, there.stderr  # the socket is reachable, but not its node
+    finally:
+        rx.close()
 
 
 def test_under_curve_the_local_sender_skips_curve_and_the_tcp_side_still_requires_it():
