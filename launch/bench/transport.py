@@ -2,15 +2,15 @@
 
 - Trajectory frames of 64 KB and 1 MB: a producer process encodes and sends records; this process receives,
   decodes and validates them (the whole path a trajectory takes), over the same-node Unix socket (`zmq`, what
-  a pool on the coordinator's node uses) and over loopback TCP (`zmq tcp`, what crosses nodes). Ray: `ray.get(ray.put(record))` of the same
-  record (one process, serial: the lower bound of Ray's cost), and Ray across processes as it would carry
-  trajectories (`ray xproc`: a producer actor's records taken with `ray.get` on refs, 64 in flight, validated
-  as the receiver validates). memcpy: a copy of a buffer of the same size, hot (one buffer, cached) and cold
-  (rings four times the last-level cache, as a received message's bytes are).
+  a pool on the coordinator's node uses) and over loopback TCP (`zmq tcp`, what crosses nodes). Ray:
+  `ray.get(ray.put(record))` of the same record (one process, serial: the lower bound of Ray's cost), and Ray
+  across processes as it would carry trajectories (`ray xproc`: a producer actor's records taken with `ray.get`
+  on refs, 64 in flight, validated as the receiver validates). memcpy: a copy of a buffer of the same size,
+  hot (one buffer, cached) and cold (rings four times the last-level cache, as a received message's bytes are).
 - A 256 MB weights payload: the weights channel to a subscriber process, until its ack; Ray put + get of the same
   array; memcpy of the same bytes.
-- The same ZeroMQ paths with CURVE (authenticated and encrypted, as off loopback by default): side by side with
-  the plain ones, `curve_over_plain_1mb` and `curve_over_plain_weights` (throughput ratios).
+- The TCP paths with CURVE (authenticated and encrypted, as off loopback by default): side by side with the
+  plain TCP ones, `curve_over_plain_1mb` and `curve_over_plain_weights` (throughput ratios).
 Throughput ratios are measured in this one run. The last line is the JSON of the figures.
 """
 from __future__ import annotations
@@ -222,7 +222,8 @@ def main(argv: list[str]) -> int:
                               lambda: zmq_trajectories(size, count, warmup=count // 10, curve=True), args.trials)
         local = statistics.median(zmq_trajectories(size, count, warmup=count // 10, same_node=True)
                                   for _ in range(args.trials))
-        times = {"zmq": local, "zmq tcp": plain, "zmq+curve": curve, "ray": ray_put_get(traj, count, warmup=count // 10),
+        times = {"zmq": local, "zmq tcp": plain, "zmq+curve": curve,
+                 "ray": ray_put_get(traj, count, warmup=count // 10),
                  "ray xproc": statistics.median(ray_xproc(size, count, warmup=count // 10) for _ in range(args.trials)),
                  "memcpy": memcpy(wire, count), "memcpy cold": memcpy_cold(wire, count)}
         for path, seconds in times.items():
@@ -263,6 +264,7 @@ def main(argv: list[str]) -> int:
     print(f"zmq and ray xproc rows are medians of {args.trials} runs.")
     print("ray: ray.get(ray.put(x)) in one process; ray xproc: a producer actor's records taken with ray.get on")
     print("  their refs, 64 in flight, each validated as the zmq receiver validates; memcpy: np.copyto of the same")
-    print(f"  number of bytes (hot: one buffer; cold: rings of 4 x the {last_level_cache_bytes() // MB} MB last-level cache).")
+    print(f"  number of bytes (hot: one buffer; cold: rings of 4 x the {last_level_cache_bytes() // MB} MB "
+          "last-level cache).")
     emit(figures)
     return 0
