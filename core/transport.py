@@ -17,9 +17,9 @@ What must hold:
 - Same-node fast path: the receiver also binds an `ipc://` socket (a Unix socket in a directory only its own
   user may enter, named after this kernel's boot id and network namespace) and advertises `endpoints`, TCP
   first. A sender takes the `ipc://` one only where that socket exists under the same kernel and network
-  namespace (`pick_endpoint`), and TCP otherwise. The
+  namespace (`pick_endpoint`; a process of another user cannot even see the socket), and TCP otherwise. The
   Unix socket carries no CURVE: the file system admits only the run's user, whose processes can read the run's
-  keys anyway; nothing changes for senders on other nodes.
+  keys anyway; nothing changes for senders on other nodes. A driver killed outright leaves its empty folder.
 """
 from __future__ import annotations
 
