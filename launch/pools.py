@@ -89,8 +89,8 @@ class PoolSupervisor:
         # small, and so is a summary's 0.25 s linger (the trajectory itself does not wait: it travels over ZeroMQ).
         # The linger widens the window in which an actor's death reports as lost an episode that had sent its
         # trajectory (its group is then discarded, never trained twice) by those 0.25 s. Measured with
-        # `python -m launch.bench scale` (1,000 in flight, 4 actors): 0.0755 Ray calls per trajectory against 0.18
-        # with 0.1 s and no linger.
+        # `python -m launch.bench scale` (1,000 in flight, 4 actors): 0.064-0.076 Ray calls per trajectory against
+        # 0.18 with 0.1 s and no linger.
         self.collect_wait_s, self.collect_linger_s = 5.0, 0.25
         self.dispatch_delay_s, self.dispatch_batch = 0.25, 64
         self._starting: set[int] = set()  # actors with a `start` call in flight
@@ -217,16 +217,19 @@ class PoolSupervisor:
 
     async def _start(self, k: int, specs: list[EpisodeSpec]) -> None:
         self.counters["pool/start_calls"] += 1
+        failed = None
         try:
             await self.actors[k].start.remote([dataclasses.astuple(s) for s in specs])
         except RayActorError as exc:
-            self._fail(k, [s.trajectory_id for s in specs], exc)
-            return
-        finally:
+            failed = exc
+        finally:  # a cancelled call (shutdown) frees the actor too, and sends nothing more
             self._starting.discard(k)
-            if self._outbox[k] and not self._flush_due and not self._loop.is_closed():  # routed here meanwhile
-                self._flush_due = True
-                self._loop.call_soon(self._flush)
+        if self._outbox[k] and not self._flush_due:  # episodes routed here while the call was out
+            self._flush_due = True
+            self._loop.call_soon(self._flush)
+        if failed is not None:
+            self._fail(k, [s.trajectory_id for s in specs], failed)
+            return
         if k not in self._collectors:
             self._collectors[k] = self._spawn(self._collect(k))
 
