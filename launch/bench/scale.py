@@ -12,7 +12,8 @@ turnover), then measures for `--seconds`, then stops admitting and drains every 
 for its share (`env.slots_per_actor` = in flight / actors), so every episode in flight holds a slot. Reported:
 - episodes/s (summaries back at the coordinator) and trajectories/s (filed by it);
 - the driver's CPU ms per trajectory (process CPU time of the driver, all its threads, Ray's included), and
-  the part of it spent in CPython's cyclic garbage collector (`driver gc ms/traj`; see core/heap.py);
+  the part of it spent in CPython's cyclic garbage collector (`driver gc ms/traj`; see core/heap.py), and the
+  Ray calls the supervisor made per trajectory (`ray calls/traj`: `start` and `finished`, about 2 ms each);
 - the pools' CPU ms per env step (their processes' CPU time over the steps taken);
 - MB per episode in flight: what one more episode in flight costs. The run first holds a tenth of the level in
   flight for one turnover (which pays the fixed costs: imports on first use, allocator arenas, Ray's and ZMQ's
