@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from actors.episode_watch import EpisodesFailing, EpisodeWatch
 from actors.group_buffer import GroupBuffer, GroupInfo
-from core.heap import freeze_startup_heap
+from core.heap import freeze_startup_heap, thaw_heap
 from core.horizon import HorizonSchedule
 from core.metrics import rollout_metrics
 from core.rollout import EpisodeSpec
@@ -230,6 +230,7 @@ class Coordinator:
                 task.cancel()
             await asyncio.gather(*self._episodes, return_exceptions=True)
             pump.join(timeout=5)
+            thaw_heap()  # a process that goes on after the run (tests, benches) collects as before
 
     async def _publish(self) -> float:
         started = time.monotonic()

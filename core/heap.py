@@ -14,6 +14,11 @@ from __future__ import annotations
 import gc
 
 
+def thaw_heap() -> None:
+    """Give frozen objects back to the collector (when an in-process loop ends, e.g. in tests and benches)."""
+    gc.unfreeze()
+
+
 def freeze_startup_heap() -> int:
     """Collect what start-up left, then freeze every object alive now; returns how many are frozen in all."""
     gc.collect()
