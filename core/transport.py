@@ -102,14 +102,16 @@ def pick_endpoint(endpoints: str) -> str:
     return options[0]
 
 
-def messages(sock: zmq.Socket, timeout_ms: int | None) -> Iterator[list[zmq.Frame]]:
-    """Messages from `sock` as they arrive, until `timeout_ms` passes in all (None: forever)."""
+def messages(poller: zmq.Poller, timeout_ms: int | None) -> Iterator[list[zmq.Frame]]:
+    """Messages from the sockets on `poller` as they arrive, until `timeout_ms` passes in all (None: forever)."""
     deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
     while True:
         wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-        if not sock.poll(wait):
+        ready = poller.poll(wait)
+        if not ready:
             return
-        yield sock.recv_multipart(copy=False)
+        for sock, _ in ready:
+            yield sock.recv_multipart(copy=False)
 
 
 class DropLog:
@@ -186,20 +188,6 @@ class TrajectoryReceiver:
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         return sock
 
-    def _messages(self, timeout_ms: int | None) -> Iterator[list[zmq.Frame]]:
-        """Messages from either socket as they arrive, until `timeout_ms` passes in all (None: forever)."""
-        if self._local is None:
-            yield from messages(self._sock, timeout_ms)
-            return
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
-            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            ready = self._poller.poll(wait)
-            if not ready:
-                return
-            for sock, _ in ready:
-                yield sock.recv_multipart(copy=False)
-
     @property
     def stats(self) -> ReceiverStats:
         d = self._drops
@@ -214,7 +202,7 @@ class TrajectoryReceiver:
 
         Bad messages are dropped and counted on the way; they never raise here.
         """
-        for parts in self._messages(timeout_ms):
+        for parts in messages(self._poller, timeout_ms):
             sender = peer_name(parts[-1]) or bytes(parts[0].buffer)[:64].decode("utf-8", "replace")
             size = sum(len(p.buffer) for p in parts[1:])
             if len(parts) != self._frames:
