@@ -269,9 +269,22 @@ class TrajectorySender:
 
     def send_frames(self, frames: list, timeout_ms: int | None = None) -> None:
         """Send already-encoded frames (benchmarks and fuzz tests use this directly)."""
-        if timeout_ms is not None and not self._sock.poll(timeout_ms, zmq.POLLOUT):
-            raise TimeoutError(f"trajectory channel full for {timeout_ms} ms (consumer too slow)")
-        self._sock.send_multipart(frames, copy=False)
+        if timeout_ms is None:
+            self._sock.send_multipart(frames, copy=False)
+        else:
+            # Never a blocking send after a poll: the connection the poll saw can be gone by the send (a refused
+            # handshake ends it for good), and a blocking send would then wait forever.
+            deadline = time.monotonic() + timeout_ms / 1000
+            while True:
+                try:
+                    self._sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"trajectory channel full for {timeout_ms} ms (consumer too slow, "
+                                           "or no connection admitted)") from None
+                    self._sock.poll(max(1, int(left * 1000)), zmq.POLLOUT)
         self.sent += 1
 
     def close(self, linger_ms: int = 5000) -> None:

@@ -44,7 +44,7 @@ def test_only_the_runs_clients_can_push_trajectories(keys):
                 tx.send(make_trajectory(trajectory_id=f"forged-{tx.name}"), timeout_ms=100)
             except TimeoutError:
                 pass  # no connection was admitted, so nothing can be queued past the high-water mark
-    good.send(make_trajectory(trajectory_id="genuine"))
+    good.send(make_trajectory(trajectory_id="genuine"), timeout_ms=30_000)
     got = []
     while (traj := rx.recv(1500)) is not None:
         got.append(traj.trajectory_id)
@@ -61,8 +61,8 @@ def test_sender_name_is_the_one_its_key_was_issued_under(keys):
     tx = TrajectorySender(rx.endpoint, name="i-claim-to-be-envpool-0", curve=keys.trajectory_client("envpool-1"))
     bad = make_trajectory()
     bad.tokens[0] = -3
-    tx.send(bad)
-    tx.send(make_trajectory(trajectory_id="ok"))
+    tx.send(bad, timeout_ms=30_000)
+    tx.send(make_trajectory(trajectory_id="ok"), timeout_ms=30_000)
     assert rx.recv(3000).trajectory_id == "ok"
     assert rx.stats.dropped_by_sender == {"envpool-1": 1}
     tx.close(0)
@@ -150,3 +150,49 @@ def test_auth_off_off_loopback_needs_allow_insecure(overrides, ok):
         with pytest.raises(ConfigError) as err:
             load_config(None, overrides)
         assert "transport.auth" in str(err.value) and "allow_insecure" in str(err.value)
+
+
+def test_a_send_with_a_timeout_returns_when_its_connection_is_refused_under_it():
+    """The connection a sender's poll saw can be refused before the send (CurveZMQ ends it for good): a send with
+    a timeout must still return in time. The poll is held until the refusal has happened, which is the race a
+    full test run hit now and then, made certain."""
+    keys = RunKeys.generate(POOLS)
+    rx = TrajectoryReceiver(curve=keys.trajectory_server_side(POOLS), same_node=False)
+    stranger = TrajectorySender(rx.endpoint, name="stranger",
+                                curve=CurveClient(keys.trajectory_server.public, KeyPair.generate()))
+    sock = stranger._sock
+
+    class HeldPoll:  # the real socket, whose poll answers only after the handshake was refused
+        def __getattr__(self, name):
+            return getattr(sock, name)
+
+        def poll(self, *args, **kwargs):
+            ready = sock.poll(*args, **kwargs)
+            deadline = time.monotonic() + 10
+            while not rx.zap.refused and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # the refused connection is torn down
+            return ready
+
+    stranger._sock = HeldPoll()
+    outcome: list[str] = []
+
+    def send():
+        try:
+            for _ in range(3):
+                stranger.send(make_trajectory(trajectory_id="forged"), timeout_ms=300)
+            outcome.append("queued")
+        except TimeoutError:
+            outcome.append("timeout")
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    thread.join(15)
+    assert not thread.is_alive(), "a send with a 300 ms timeout blocked"
+    deadline = time.monotonic() + 10
+    while not rx.zap.refused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert outcome and rx.zap.refused["unknown_key"] >= 1 and rx.recv(200) is None
+    stranger._sock = sock
+    stranger.close(0)
+    rx.close()

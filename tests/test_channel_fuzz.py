@@ -76,15 +76,15 @@ def test_receiver_thread_survives_hostile_messages_and_whole_message_cap():
     bad, good = TrajectorySender(rx.endpoint, name="fuzzer"), TrajectorySender(rx.endpoint, name="pool")
     rng = random.Random(SEED + 1)
     for i in range(2_000):
-        bad.send_frames(trajectory_frames(rng))
+        bad.send_frames(trajectory_frames(rng), timeout_ms=30_000)
         if i % 100 == 0:
-            good.send(make_trajectory(num_tokens=50, trajectory_id=f"good-{i}"))
+            good.send(make_trajectory(num_tokens=50, trajectory_id=f"good-{i}"), timeout_ms=30_000)
     # Every frame under the cap, all of them together far over it: never reaches the decoder.
     cap = rx.max_message_bytes
     piece = b"\x00" * (cap // 3)
-    bad.send_frames([piece] * 5)
-    bad.send_frames([piece] * 7)
-    good.send(make_trajectory(num_tokens=50, trajectory_id="good-last"))
+    bad.send_frames([piece] * 5, timeout_ms=30_000)
+    bad.send_frames([piece] * 7, timeout_ms=30_000)
+    good.send(make_trajectory(num_tokens=50, trajectory_id="good-last"), timeout_ms=30_000)
     deadline = threading.Event()
     for _ in range(100):
         if "good-last" in got:
