@@ -90,6 +90,13 @@ class TransportConfig:
     auth: str = spec("auto", choices=("auto", "curve", "off"))
     """ZeroMQ CURVE on the trajectory and weights channels (keys made per run, held in memory): `auto` uses it
     whenever `host` is not loopback; `curve` always; `off` never (off loopback this needs allow_insecure)."""
+    cipher: str = spec("aes-gcm", choices=("aes-gcm", "curvezmq"))
+    """How the trajectory channel encrypts when it has the run's keys (auth). `aes-gcm`: the sending and the
+    receiving thread seal and open each message themselves (AES-256-GCM, keys derived from the same per-run
+    CURVE key pairs, core/seal.py): about twice CurveZMQ's throughput on 1 MB records here; outsiders can
+    connect, and each of their messages is refused before the decoder (transport/auth_refused). `curvezmq`:
+    ZeroMQ's own CURVE handshake refuses outsiders' connections, and its I/O thread encrypts. The weights
+    channel uses CurveZMQ either way."""
     allow_insecure: bool = spec(False)
     """Allow `auth=off` on a non-loopback host: anyone who reaches the ports can then push trajectories and
     read the model."""

@@ -39,12 +39,16 @@ class KeyPair:
         return cls(public, secret)
 
 
+CIPHERS = ("aes-gcm", "curvezmq")  # how a channel with these keys encrypts: core.seal, or ZeroMQ's CURVE
+
+
 @dataclass(frozen=True)
 class CurveClient:
-    """What a client socket needs: its own key pair and the server's public key."""
+    """What a client socket needs: its own key pair and the server's public key (and the channel's cipher)."""
 
     server_public: bytes
     keys: KeyPair
+    cipher: str = "curvezmq"
 
     def apply(self, sock: zmq.Socket) -> None:
         sock.curve_serverkey = self.server_public
@@ -58,6 +62,7 @@ class CurveServer:
 
     keys: KeyPair
     clients: dict[bytes, str]
+    cipher: str = "curvezmq"
 
     def apply(self, sock: zmq.Socket) -> None:
         sock.curve_server = True
@@ -180,24 +185,28 @@ class RunKeys:
     trajectory_server: KeyPair
     weights_server: KeyPair
     clients: dict[str, KeyPair]  # actor name -> its key pair
+    trajectory_cipher: str = "aes-gcm"  # transport.cipher; the weights channel always uses CurveZMQ
 
     @classmethod
-    def generate(cls, client_names: list[str]) -> "RunKeys":
-        return cls(KeyPair.generate(), KeyPair.generate(), {n: KeyPair.generate() for n in client_names})
+    def generate(cls, client_names: list[str], trajectory_cipher: str = "aes-gcm") -> "RunKeys":
+        if trajectory_cipher not in CIPHERS:
+            raise ValueError(f"cipher {trajectory_cipher!r}: expected one of {CIPHERS}")
+        return cls(KeyPair.generate(), KeyPair.generate(), {n: KeyPair.generate() for n in client_names},
+                   trajectory_cipher)
 
-    def _server(self, keys: KeyPair, names: list[str]) -> CurveServer:
-        return CurveServer(keys, {self.clients[n].public: n for n in names})
+    def _server(self, keys: KeyPair, names: list[str], cipher: str = "curvezmq") -> CurveServer:
+        return CurveServer(keys, {self.clients[n].public: n for n in names}, cipher)
 
     def trajectory_server_side(self, client_names: list[str]) -> CurveServer:
         """The receiver's keys, admitting these clients (the env pools)."""
-        return self._server(self.trajectory_server, client_names)
+        return self._server(self.trajectory_server, client_names, self.trajectory_cipher)
 
     def weights_server_side(self, client_names: list[str]) -> CurveServer:
         """The publisher's keys, admitting these clients (the generator replicas)."""
         return self._server(self.weights_server, client_names)
 
     def trajectory_client(self, name: str) -> CurveClient:
-        return CurveClient(self.trajectory_server.public, self.clients[name])
+        return CurveClient(self.trajectory_server.public, self.clients[name], self.trajectory_cipher)
 
     def weights_client(self, name: str) -> CurveClient:
         return CurveClient(self.weights_server.public, self.clients[name])

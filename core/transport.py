@@ -12,8 +12,11 @@ What must hold:
 - No message larger than a valid one can be (`WireLimits.max_message_bytes`, all frames together) reaches the
   decoder: ZeroMQ cuts any single frame over that size (dropping the connection), and the receiver drops a
   message whose frames add up to more, or that has more frames than a record.
-- With CURVE (`core.curve`), only the run's clients connect at all over TCP, and the sender of each message is
-  the name its key was issued under, not the routing id it chose.
+- With the run's CURVE keys (`core.curve`), only the run's clients deliver anything over TCP, encrypted, and the
+  sender of each message is the name its key was issued under, not the routing id it chose. Cipher `aes-gcm`
+  (default): every message is sealed by the sender and opened by the receiver (`core.seal`); one that does not
+  open is dropped before the decoder and counted in `auth_refused` (not among the bad messages of the run's own
+  senders). Cipher `curvezmq`: ZeroMQ's CURVE handshake refuses other clients before any message.
 - Same-node fast path: the receiver also binds an `ipc://` socket (a Unix socket in a directory only its own
   user may enter, named after this kernel's boot id and network namespace) and advertises `endpoints`, TCP
   first. A sender takes the `ipc://` one only where that socket exists under the same kernel and network
@@ -38,6 +41,7 @@ import zmq
 
 from core.codec import ARRAY_FIELDS, WireLimits, decode, encode
 from core.curve import CurveClient, CurveServer, peer_name, release_handler, serve_curve
+from core.seal import Opener, Sealer, SealError, overhead
 from core.trajectory import Trajectory, WireError
 
 log = logging.getLogger("agentgym.transport")
@@ -102,8 +106,9 @@ def pick_endpoint(endpoints: str) -> str:
     return options[0]
 
 
-def messages(poller: zmq.Poller, timeout_ms: int | None) -> Iterator[list[zmq.Frame]]:
-    """Messages from the sockets on `poller` as they arrive, until `timeout_ms` passes in all (None: forever)."""
+def messages(poller: zmq.Poller, timeout_ms: int | None) -> Iterator[tuple[zmq.Socket, list[zmq.Frame]]]:
+    """(socket, message) from the sockets on `poller` as they arrive, until `timeout_ms` passes in all (None:
+    forever)."""
     deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
     while True:
         wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
@@ -111,7 +116,7 @@ def messages(poller: zmq.Poller, timeout_ms: int | None) -> Iterator[list[zmq.Fr
         if not ready:
             return
         for sock, _ in ready:
-            yield sock.recv_multipart(copy=False)
+            yield sock, sock.recv_multipart(copy=False)
 
 
 class DropLog:
@@ -163,8 +168,10 @@ class TrajectoryReceiver:
         self.limits = limits
         self.max_message_bytes = limits.max_message_bytes
         self._frames = 2 + len(ARRAY_FIELDS)  # routing id, header, arrays
-        self._sock = self._router(hwm)
-        self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None else None
+        sealed = curve is not None and curve.cipher == "aes-gcm"
+        self._opener = Opener(curve, b"trajectory") if sealed else None
+        self._sock = self._router(hwm, overhead(self._frames - 1) if sealed else 0)
+        self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None and not sealed else None
         self.endpoint = bind_endpoint(self._sock, host, port)
         self.endpoints = self.endpoint
         self._ipc_dir = local_ipc_dir() if same_node else None
@@ -178,14 +185,15 @@ class TrajectoryReceiver:
             self.endpoints = f"{self.endpoint} {self.local_endpoint}"
             self._poller.register(self._local, zmq.POLLIN)
         self._drops = DropLog("trajectory message", log)
+        self._refusals = DropLog("unauthenticated trajectory message (not sealed with the run's keys)", log)
         self._received = 0
 
-    def _router(self, hwm: int) -> zmq.Socket:
+    def _router(self, hwm: int, seal_bytes: int = 0) -> zmq.Socket:
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.LINGER, 0)
         # ZeroMQ drops the connection of a peer that sends any frame over this before buffering it.
-        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + seal_bytes)
         return sock
 
     @property
@@ -195,6 +203,9 @@ class TrajectoryReceiver:
 
     @property
     def auth_refused(self) -> int:
+        """Clients refused for want of the run's keys: handshakes (curvezmq) or messages (aes-gcm)."""
+        if self._opener is not None:
+            return sum(self._opener.refused.values())
         return sum(self.zap.refused.values()) if self.zap is not None else 0
 
     def recv(self, timeout_ms: int | None = None) -> Trajectory | None:
@@ -202,17 +213,24 @@ class TrajectoryReceiver:
 
         Bad messages are dropped and counted on the way; they never raise here.
         """
-        for parts in messages(self._poller, timeout_ms):
+        for sock, parts in messages(self._poller, timeout_ms):
             sender = peer_name(parts[-1]) or bytes(parts[0].buffer)[:64].decode("utf-8", "replace")
-            size = sum(len(p.buffer) for p in parts[1:])
-            if len(parts) != self._frames:
-                self._drops.drop(sender, "frames", f"frames: expected {self._frames - 1}, got {len(parts) - 1}")
-                continue
-            if size > self.max_message_bytes:
-                self._drops.drop(sender, "message", f"message: {size} bytes exceed {self.max_message_bytes}")
-                continue
+            body = [p.buffer for p in parts[1:]]
+            if self._opener is not None and sock is self._sock:  # TCP under the run's keys: sealed
+                try:
+                    sender, body = self._opener.open(body, self._frames - 1, self.max_message_bytes)
+                except SealError as exc:
+                    self._refusals.drop(sender, exc.reason, str(exc))
+                    continue
             try:
-                traj = decode([p.buffer for p in parts[1:]], self.limits)
+                if len(body) != self._frames - 1:
+                    self._drops.drop(sender, "frames", f"frames: expected {self._frames - 1}, got {len(body)}")
+                    continue
+                size = sum(map(len, body))
+                if size > self.max_message_bytes:
+                    self._drops.drop(sender, "message", f"message: {size} bytes exceed {self.max_message_bytes}")
+                    continue
+                traj = decode(body, self.limits)
             except WireError as exc:
                 self._drops.drop(sender, exc.field, str(exc))
                 continue
@@ -258,7 +276,9 @@ class TrajectorySender:
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 5000)
         self.endpoint = pick_endpoint(endpoint)
-        if curve is not None and not self.endpoint.startswith("ipc://"):
+        remote = curve is not None and not self.endpoint.startswith("ipc://")
+        self._sealer = Sealer(curve, b"trajectory") if remote and curve.cipher == "aes-gcm" else None
+        if remote and self._sealer is None:
             curve.apply(self._sock)
         self._sock.connect(self.endpoint)
         self.sent = 0
@@ -269,6 +289,8 @@ class TrajectorySender:
 
     def send_frames(self, frames: list, timeout_ms: int | None = None) -> None:
         """Send already-encoded frames (benchmarks and fuzz tests use this directly)."""
+        if self._sealer is not None:
+            frames = self._sealer.seal(frames)
         if timeout_ms is None:
             self._sock.send_multipart(frames, copy=False)
         else:

@@ -93,7 +93,8 @@ def transport_keys(cfg: RootConfig) -> RunKeys | None:
     from launch.generators import replica_names
     from launch.pools import pool_names
 
-    return RunKeys.generate(replica_names(cfg.generator.num_replicas) + pool_names(cfg.env.num_actors))
+    return RunKeys.generate(replica_names(cfg.generator.num_replicas) + pool_names(cfg.env.num_actors),
+                            trajectory_cipher=cfg.transport.cipher)
 
 
 @dataclass

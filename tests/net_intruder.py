@@ -2,7 +2,8 @@
 
 It waits for the run's `transport.json` (endpoints and public server keys, which an outsider may well know),
 then for a bounded time, about twice a second, tries what the threat model says must fail without the run's
-keys: push a forged trajectory (plain ZeroMQ, and CURVE with keys of its own), subscribe to the weights
+keys: push a forged trajectory (plain ZeroMQ, CURVE with keys of its own, and sealed as the run's pools seal
+them, core.seal, under keys of its own), subscribe to the weights
 channel and ack a version (both ways too). It counts its attempts and every weight chunk it managed to receive,
 and writes them to OUT as JSON. It sends only to the endpoints the run advertises (addresses of the test's own
 network namespaces)."""
@@ -18,6 +19,7 @@ import zmq
 
 from core.codec import encode
 from core.curve import CurveClient, KeyPair
+from core.seal import Sealer
 from launch.bench.samples import make_trajectory
 
 
@@ -47,15 +49,17 @@ def main(run_dir: str, seconds: float, out: str) -> int:
         forged = make_trajectory(num_tokens=64, trajectory_id="g0000000-babyai_0.a0.s0")
         forged.turn_rewards[:] = 1e5
         frames = [bytes(f) for f in encode(forged)]
+        server_public = info["trajectory_server_public"].encode()
+        sealed = Sealer(CurveClient(server_public, KeyPair.generate(), "aes-gcm"), b"trajectory").seal(frames)
         while time.monotonic() < deadline:
-            for public in (None, info["trajectory_server_public"]):
+            for public, message in ((None, frames), (info["trajectory_server_public"], frames), (None, sealed)):
                 sock = _socket(ctx, info["trajectory_endpoint"], public)
                 try:
-                    sock.send_multipart(frames)
+                    sock.send_multipart(message)
                 except zmq.Again:
                     pass
                 stats["trajectory_attempts"] += 1
-                sock.close(0)
+                sock.close(300)  # time to deliver what was queued (a sealed message is refused only on arrival)
             for public in (None, info["weights_server_public"]):
                 sock = _socket(ctx, info["weights_endpoint"], public)
                 for message in ([b"H", msgpack.packb({"name": "generator-0"})],

@@ -13,6 +13,7 @@ import zmq
 from configs.fields import ConfigError
 from configs.load import load_config
 from core.curve import CurveClient, KeyPair, RunKeys
+from core.codec import encode
 from core.transport import TrajectoryReceiver, TrajectorySender
 from core.weights_channel import TensorBytes, WeightPublisher
 from core.weights_subscriber import WeightSubscriber
@@ -30,7 +31,8 @@ def tensor(values: np.ndarray, name: str = "w") -> TensorBytes:
     return TensorBytes(name, str(values.dtype), values.shape, values.data)
 
 
-def test_only_the_runs_clients_can_push_trajectories(keys):
+def test_only_the_runs_clients_can_push_trajectories_curvezmq():
+    keys = RunKeys.generate(POOLS + GENS, trajectory_cipher="curvezmq")
     rx = TrajectoryReceiver(curve=keys.trajectory_server_side(POOLS))
     good = TrajectorySender(rx.endpoint, name="pool-chosen-id", curve=keys.trajectory_client("envpool-1"))
     plain = TrajectorySender(rx.endpoint, name="plain")  # no CURVE at all
@@ -48,10 +50,47 @@ def test_only_the_runs_clients_can_push_trajectories(keys):
     got = []
     while (traj := rx.recv(1500)) is not None:
         got.append(traj.trajectory_id)
-    assert got == ["genuine"]
+    assert got == ["genuine"], (got, rx.zap.admitted, rx.zap.refused)
     assert rx.auth_refused >= 2  # the stranger and the generator's key; the plain client fails its handshake
     assert rx.zap.refused["unknown_key"] >= 2
     for tx in (good, plain, stranger, generator_key):
+        tx.close(0)
+    rx.close()
+
+
+def test_only_the_runs_clients_can_push_sealed_trajectories(keys):
+    """The default cipher (aes-gcm): outsiders connect at the TCP level, but none of their messages opens, and
+    none reaches the decoder or the run's bad-message count; a captured message cannot be replayed."""
+    rx = TrajectoryReceiver(curve=keys.trajectory_server_side(POOLS), same_node=False)
+    good = TrajectorySender(rx.endpoint, name="pool-chosen-id", curve=keys.trajectory_client("envpool-1"))
+    real = keys.clients["envpool-0"]
+    senders = {
+        "plain": TrajectorySender(rx.endpoint, name="plain"),  # no seal at all
+        "stranger": TrajectorySender(rx.endpoint, name="stranger", curve=CurveClient(  # sealed under its own keys
+            keys.trajectory_server.public, KeyPair.generate(), "aes-gcm")),
+        "generator": TrajectorySender(rx.endpoint, name="gen", curve=CurveClient(  # a run key, not this channel's
+            keys.trajectory_server.public, keys.clients["generator-0"], "aes-gcm")),
+        # claims envpool-0's public key (which is no secret) without its secret key
+        "impostor": TrajectorySender(rx.endpoint, name="envpool-0", curve=CurveClient(
+            keys.trajectory_server.public, KeyPair(real.public, KeyPair.generate().secret), "aes-gcm")),
+    }
+    for tx in senders.values():
+        tx.send(make_trajectory(trajectory_id=f"forged-{tx.name}"), timeout_ms=30_000)
+    good.send(make_trajectory(trajectory_id="genuine"), timeout_ms=30_000)
+    got = [rx.recv(5000).trajectory_id]
+    sealed = good._sealer.seal(encode(make_trajectory(trajectory_id="once")))
+    replayer = zmq.Context.instance().socket(zmq.DEALER)
+    replayer.connect(rx.endpoint)
+    for _ in range(2):  # a sealed message of the genuine session, then the same bytes again
+        replayer.send_multipart(sealed)
+    while (traj := rx.recv(1500)) is not None:
+        got.append(traj.trajectory_id)
+    assert got == ["genuine", "once"]
+    refused = rx._opener.refused
+    assert refused == {"malformed": 1, "unknown_key": 2, "forged": 1, "replayed": 1}, refused
+    assert rx.auth_refused == 5 and rx.stats.dropped == 0 and rx.zap is None
+    replayer.close(0)
+    for tx in (good, *senders.values()):
         tx.close(0)
     rx.close()
 
@@ -156,10 +195,10 @@ def test_a_send_with_a_timeout_returns_when_its_connection_is_refused_under_it()
     """The connection a sender's poll saw can be refused before the send (CurveZMQ ends it for good): a send with
     a timeout must still return in time. The poll is held until the refusal has happened, which is the race a
     full test run hit now and then, made certain."""
-    keys = RunKeys.generate(POOLS)
+    keys = RunKeys.generate(POOLS, trajectory_cipher="curvezmq")
     rx = TrajectoryReceiver(curve=keys.trajectory_server_side(POOLS), same_node=False)
     stranger = TrajectorySender(rx.endpoint, name="stranger",
-                                curve=CurveClient(keys.trajectory_server.public, KeyPair.generate()))
+                                curve=CurveClient(keys.trajectory_server.public, KeyPair.generate(), "curvezmq"))
     sock = stranger._sock
 
     class HeldPoll:  # the real socket, whose poll answers only after the handshake was refused

@@ -66,22 +66,24 @@ def test_a_sender_in_another_network_namespace_counts_as_another_node():
         rx.close()
 
 
-def test_under_curve_the_local_sender_skips_curve_and_the_tcp_side_still_requires_it():
-    keys = RunKeys.generate(["pool-0"])
+@pytest.mark.parametrize("cipher", ["aes-gcm", "curvezmq"])
+def test_under_curve_the_local_sender_skips_curve_and_the_tcp_side_still_requires_it(cipher):
+    keys = RunKeys.generate(["pool-0"], trajectory_cipher=cipher)
     rx = TrajectoryReceiver(hwm=100, curve=keys.trajectory_server_side(["pool-0"]))
     try:
         near = TrajectorySender(rx.endpoints, name="pool-0", curve=keys.trajectory_client("pool-0"))
         far = TrajectorySender(rx.endpoint, name="pool-0", curve=keys.trajectory_client("pool-0"))
-        outsider = CurveClient(keys.trajectory_server.public, KeyPair.generate())  # a key the run did not issue
+        outsider = CurveClient(keys.trajectory_server.public, KeyPair.generate(), cipher)  # a key not of the run
         stranger = TrajectorySender(rx.endpoint, name="stranger", curve=outsider)
         assert near.endpoint.startswith("ipc://") and far.endpoint.startswith("tcp://")
-        near.send(make_trajectory(num_tokens=30, trajectory_id="near"))
-        far.send(make_trajectory(num_tokens=30, trajectory_id="far"))
+        assert (near._sealer, far._sealer is not None) == (None, cipher == "aes-gcm")
+        near.send(make_trajectory(num_tokens=30, trajectory_id="near"), timeout_ms=30_000)
+        far.send(make_trajectory(num_tokens=30, trajectory_id="far"), timeout_ms=30_000)
         stranger.send_frames(encode(make_trajectory(num_tokens=30, trajectory_id="forged")), timeout_ms=2000)
         got = {rx.recv(5000).trajectory_id for _ in range(2)}
         assert got == {"near", "far"}
         assert rx.recv(500) is None
-        assert rx.auth_refused >= 1
+        assert rx.auth_refused >= 1 and rx.stats.dropped == 0
         for tx in (near, far):
             tx.close()
         stranger.close(linger_ms=0)

@@ -9,8 +9,10 @@
   hot (one buffer, cached) and cold (rings four times the last-level cache, as a received message's bytes are).
 - A 256 MB weights payload: the weights channel to a subscriber process, until its ack; Ray put + get of the same
   array; memcpy of the same bytes.
-- The TCP paths with CURVE (authenticated and encrypted, as off loopback by default): side by side with the
-  plain TCP ones, `curve_over_plain_1mb` and `curve_over_plain_weights` (throughput ratios).
+- The TCP paths under the run's CURVE keys (authenticated and encrypted, as off loopback by default): side by
+  side with the plain TCP ones, `curve_over_plain_1mb` and `curve_over_plain_weights` (throughput ratios).
+  Trajectories as a run sends them (`transport.cipher=aes-gcm`: sealed by the sender, opened by the receiver,
+  core.seal), and with `curvezmq` beside them (`curvezmq_over_plain_*`); weights with CurveZMQ.
 Throughput ratios are measured in this one run. The last line is the JSON of the figures.
 """
 from __future__ import annotations
@@ -39,19 +41,20 @@ def _produce(endpoint: str, size: int, count: int, curve=None) -> None:
     tx.close()
 
 
-def _keys(client: str):
+def _keys(client: str, cipher: str = "aes-gcm"):
     from core.curve import RunKeys
 
-    return RunKeys.generate([client])
+    return RunKeys.generate([client], trajectory_cipher=cipher)
 
 
-def zmq_trajectories(size: int, count: int, warmup: int, curve: bool = False, same_node: bool = False) -> float:
-    """Seconds for `count` records after `warmup`, producer in another process: over TCP (CURVE when `curve`),
-    or over the same-node Unix socket a pool on the coordinator's node takes (`same_node`)."""
+def zmq_trajectories(size: int, count: int, warmup: int, curve: str | None = None, same_node: bool = False) -> float:
+    """Seconds for `count` records after `warmup`, producer in another process: over TCP (encrypted with the
+    run's keys by `curve`: "aes-gcm" or "curvezmq", see transport.cipher), or over the same-node Unix socket a
+    pool on the coordinator's node takes (`same_node`)."""
     from core.codec import WireLimits
     from core.transport import TrajectoryReceiver
 
-    keys = _keys("bench-producer") if curve else None
+    keys = _keys("bench-producer", curve) if curve else None
     rx = TrajectoryReceiver(hwm=64, limits=WireLimits(max_tokens=1 << 22),
                             curve=keys.trajectory_server_side(["bench-producer"]) if keys else None)
     client = keys.trajectory_client("bench-producer") if keys else None
@@ -190,15 +193,16 @@ def zmq_weights(nbytes: int, count: int, curve: bool = False) -> float:
     return elapsed
 
 
-def paired(plain, curve, trials: int) -> tuple[float, float]:
-    """Median seconds of `plain()` and `curve()`, run alternately `trials` times each after one untimed run of
-    each (the first spawn of a process pays for imports and page faults the others do not)."""
-    plain(), curve()
-    times: dict[str, list[float]] = {"plain": [], "curve": []}
+def paired(*runs, trials: int) -> list[float]:
+    """Median seconds of each of `runs`, run in turn `trials` times each after one untimed run of each (the
+    first spawn of a process pays for imports and page faults the others do not)."""
+    for run in runs:
+        run()
+    times: list[list[float]] = [[] for _ in runs]
     for _ in range(trials):
-        times["plain"].append(plain())
-        times["curve"].append(curve())
-    return statistics.median(times["plain"]), statistics.median(times["curve"])
+        for run, seconds in zip(runs, times):
+            seconds.append(run())
+    return [statistics.median(seconds) for seconds in times]
 
 
 def main(argv: list[str]) -> int:
@@ -218,11 +222,13 @@ def main(argv: list[str]) -> int:
     for label, size, count in cases:
         traj = trajectory_of_bytes(size)
         wire = sum(len(f) for f in encode(traj))
-        plain, curve = paired(lambda: zmq_trajectories(size, count, warmup=count // 10),
-                              lambda: zmq_trajectories(size, count, warmup=count // 10, curve=True), args.trials)
+        plain, curve, curvezmq = paired(
+            lambda: zmq_trajectories(size, count, warmup=count // 10),
+            lambda: zmq_trajectories(size, count, warmup=count // 10, curve="aes-gcm"),
+            lambda: zmq_trajectories(size, count, warmup=count // 10, curve="curvezmq"), trials=args.trials)
         local = statistics.median(zmq_trajectories(size, count, warmup=count // 10, same_node=True)
                                   for _ in range(args.trials))
-        times = {"zmq": local, "zmq tcp": plain, "zmq+curve": curve,
+        times = {"zmq": local, "zmq tcp": plain, "zmq+curve": curve, "zmq+curvezmq": curvezmq,
                  "ray": ray_put_get(traj, count, warmup=count // 10),
                  "ray xproc": statistics.median(ray_xproc(size, count, warmup=count // 10) for _ in range(args.trials)),
                  "memcpy": memcpy(wire, count), "memcpy cold": memcpy_cold(wire, count)}
@@ -233,6 +239,7 @@ def main(argv: list[str]) -> int:
                          times["memcpy"] / times["zmq"] if path == "zmq" else "",
                          times["memcpy cold"] / times["zmq"] if path == "zmq" else ""])
         figures[f"curve_over_plain_{label}"] = times["zmq tcp"] / times["zmq+curve"]
+        figures[f"curvezmq_over_plain_{label}"] = times["zmq tcp"] / times["zmq+curvezmq"]
         figures[f"zmq_over_ray_{label}"] = times["ray"] / times["zmq"]
         figures[f"zmq_over_ray_xproc_{label}"] = times["ray xproc"] / times["zmq"]
         figures[f"zmq_tcp_over_ray_xproc_{label}"] = times["ray xproc"] / times["zmq tcp"]
@@ -243,7 +250,7 @@ def main(argv: list[str]) -> int:
     nbytes, count = args.weights_mb * MB, args.weights_count
     arr = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     plain, curve = paired(lambda: zmq_weights(nbytes, count), lambda: zmq_weights(nbytes, count, curve=True),
-                          args.trials)
+                          trials=args.trials)
     times = {"zmq": plain, "zmq+curve": curve, "ray": ray_put_get(arr, count, warmup=1),
              "memcpy": memcpy(nbytes, count)}
     for path, seconds in times.items():
@@ -259,8 +266,10 @@ def main(argv: list[str]) -> int:
                 rows))
     print("zmq: producer process -> encode -> the same-node Unix socket (what a pool on the coordinator's node")
     print("  takes) -> decode + validate; zmq tcp: the same over loopback TCP; weights: TCP until the receiver's ack.")
-    print("zmq+curve: TCP with CURVE (per-run keys, encrypted); curve_over_plain = its throughput / zmq tcp's;")
-    print(f"zmq tcp and zmq+curve rows are medians of {args.trials} alternating runs each, after one untimed run;")
+    print("zmq+curve: TCP under the run's CURVE keys as a run uses it (trajectories: transport.cipher=aes-gcm, each")
+    print("  message sealed by the sender and opened by the receiver; weights: CurveZMQ); zmq+curvezmq: trajectories")
+    print("  with transport.cipher=curvezmq; curve_over_plain = the zmq+curve throughput / zmq tcp's;")
+    print(f"zmq tcp and zmq+curve* rows are medians of {args.trials} runs each, taken in turn after one untimed run;")
     print(f"zmq and ray xproc rows are medians of {args.trials} runs.")
     print("ray: ray.get(ray.put(x)) in one process; ray xproc: a producer actor's records taken with ray.get on")
     print("  their refs, 64 in flight, each validated as the zmq receiver validates; memcpy: np.copyto of the same")
