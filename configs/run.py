@@ -93,7 +93,7 @@ class TransportConfig:
     cipher: str = spec("aes-gcm", choices=("aes-gcm", "curvezmq"))
     """How the trajectory channel encrypts when it has the run's keys (auth). `aes-gcm`: the sending and the
     receiving thread seal and open each message themselves (AES-256-GCM, keys derived from the same per-run
-    CURVE key pairs, core/seal.py): about twice CurveZMQ's throughput on 1 MB records here; outsiders can
+    CURVE key pairs, core/seal.py): about 1.6 times CurveZMQ's throughput on 1 MB records here; outsiders can
     connect, and each of their messages is refused before the decoder (transport/auth_refused). `curvezmq`:
     ZeroMQ's own CURVE handshake refuses outsiders' connections, and its I/O thread encrypts. The weights
     channel uses CurveZMQ either way."""

@@ -96,10 +96,6 @@ class Opener:
         self.max_sessions = max_sessions
         self.refused: collections.Counter[str] = collections.Counter()
 
-    def admit(self, clients: dict[bytes, str], server_secret: bytes) -> None:
-        for public, name in clients.items():
-            self._shared[z85.decode(public)] = (name, shared_secret(server_secret, public))
-
     def _refuse(self, reason: str, message: str) -> SealError:
         self.refused[reason] += 1
         return SealError(reason, message)
