@@ -341,7 +341,7 @@ class Learner:
         if self.publisher is not None:
             sent = self.publisher.publish(self.version, tensors)
             bad = self.publisher.drops.total
-            refused = sum(self.publisher.zap.refused.values()) if self.publisher.zap is not None else 0
+            refused = self.publisher.auth_refused
             relinked = self.publisher.relinked  # relay chains re-linked around a replica, since start
         return {"version": self.version, "bytes": sent, "seconds": time.perf_counter() - start,
                 "bad_control_messages": bad, "auth_refused": refused, "relinked": relinked}

@@ -91,12 +91,13 @@ class TransportConfig:
     """ZeroMQ CURVE on the trajectory and weights channels (keys made per run, held in memory): `auto` uses it
     whenever `host` is not loopback; `curve` always; `off` never (off loopback this needs allow_insecure)."""
     cipher: str = spec("aes-gcm", choices=("aes-gcm", "curvezmq"))
-    """How the trajectory channel encrypts when it has the run's keys (auth). `aes-gcm`: the sending and the
-    receiving thread seal and open each message themselves (AES-256-GCM, keys derived from the same per-run
-    CURVE key pairs, core/seal.py): about 1.6 times CurveZMQ's throughput on 1 MB records here; outsiders can
-    connect, and each of their messages is refused before the decoder (transport/auth_refused). `curvezmq`:
-    ZeroMQ's own CURVE handshake refuses outsiders' connections, and its I/O thread encrypts. The weights
-    channel uses CurveZMQ either way."""
+    """How the trajectory and weights channels encrypt when they have the run's keys (auth). `aes-gcm`: the
+    sending and the receiving thread seal and open each message themselves (AES-256-GCM, keys derived from the
+    same per-run CURVE key pairs, core/seal.py, core/weights_seal.py; a weights chunk is sealed once and relayed
+    sealed): here about 1.6 times CurveZMQ's throughput on 1 MB records and 1.8 times on weights; outsiders can
+    connect, and each of their messages is refused before any decoder (transport/auth_refused,
+    transport/weights_auth_refused). `curvezmq`: ZeroMQ's own CURVE handshake refuses outsiders' connections,
+    and its I/O thread encrypts."""
     allow_insecure: bool = spec(False)
     """Allow `auth=off` on a non-loopback host: anyone who reaches the ports can then push trajectories and
     read the model."""

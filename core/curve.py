@@ -185,28 +185,28 @@ class RunKeys:
     trajectory_server: KeyPair
     weights_server: KeyPair
     clients: dict[str, KeyPair]  # actor name -> its key pair
-    trajectory_cipher: str = "aes-gcm"  # transport.cipher; the weights channel always uses CurveZMQ
+    cipher: str = "aes-gcm"  # transport.cipher, for both channels
 
     @classmethod
-    def generate(cls, client_names: list[str], trajectory_cipher: str = "aes-gcm") -> "RunKeys":
-        if trajectory_cipher not in CIPHERS:
-            raise ValueError(f"cipher {trajectory_cipher!r}: expected one of {CIPHERS}")
+    def generate(cls, client_names: list[str], cipher: str = "aes-gcm") -> "RunKeys":
+        if cipher not in CIPHERS:
+            raise ValueError(f"cipher {cipher!r}: expected one of {CIPHERS}")
         return cls(KeyPair.generate(), KeyPair.generate(), {n: KeyPair.generate() for n in client_names},
-                   trajectory_cipher)
+                   cipher)
 
-    def _server(self, keys: KeyPair, names: list[str], cipher: str = "curvezmq") -> CurveServer:
-        return CurveServer(keys, {self.clients[n].public: n for n in names}, cipher)
+    def _server(self, keys: KeyPair, names: list[str]) -> CurveServer:
+        return CurveServer(keys, {self.clients[n].public: n for n in names}, self.cipher)
 
     def trajectory_server_side(self, client_names: list[str]) -> CurveServer:
         """The receiver's keys, admitting these clients (the env pools)."""
-        return self._server(self.trajectory_server, client_names, self.trajectory_cipher)
+        return self._server(self.trajectory_server, client_names)
 
     def weights_server_side(self, client_names: list[str]) -> CurveServer:
         """The publisher's keys, admitting these clients (the generator replicas)."""
         return self._server(self.weights_server, client_names)
 
     def trajectory_client(self, name: str) -> CurveClient:
-        return CurveClient(self.trajectory_server.public, self.clients[name], self.trajectory_cipher)
+        return CurveClient(self.trajectory_server.public, self.clients[name], self.cipher)
 
     def weights_client(self, name: str) -> CurveClient:
-        return CurveClient(self.weights_server.public, self.clients[name])
+        return CurveClient(self.weights_server.public, self.clients[name], self.cipher)

@@ -15,6 +15,10 @@ part i holds bytes [offset, offset + len(frame_i)) of tensor `name`. Tensors lar
 several chunks; small ones share a chunk. dtype is a string ("float32", "bfloat16", ...): the channel moves
 bytes and never interprets them, so core needs no torch. A subscriber exposes a version only once every
 byte of every tensor has arrived; a version that is superseded mid-transfer is discarded.
+
+Under the run's keys every message above is sealed over plain TCP (transport.cipher=aes-gcm, core.weights_seal:
+chunks once, under a key the publisher sends each subscriber in a "K" message after its hello) or the sockets
+use CurveZMQ (`curvezmq`).
 """
 from __future__ import annotations
 
@@ -27,9 +31,11 @@ import msgpack
 import zmq
 
 from core.curve import CurveServer, peer_name, release_handler, serve_curve
+from core.seal import SealError
 from core.trajectory import WireError
 from core.transport import LOOPBACK, DropLog, bind_endpoint
 from core.weights_control import MAX_CONTROL_BYTES, Progress, control, endpoint_field, field, parse_progress
+from core.weights_seal import PublisherSeal, SealedChunks
 
 log = logging.getLogger("agentgym.weights")
 
@@ -120,15 +126,23 @@ class WeightPublisher:
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
-        self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None else None
+        # transport.cipher: aes-gcm seals every message in this thread (core.weights_seal) over plain TCP;
+        # curvezmq has ZeroMQ encrypt, and its ZAP handler name each peer.
+        sealed = curve is not None and curve.cipher == "aes-gcm"
+        self.seal = PublisherSeal(curve, MAX_CONTROL_BYTES) if sealed else None
+        self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None and not sealed else None
+        self.refusals = DropLog("unauthenticated weights message (not sealed with the run's keys)", log)
+        self._keys_owed: dict[bytes, str] = {}  # routing id -> subscriber whose chunk key is still to be sent
         self.endpoint = bind_endpoint(self._sock, host, port)
         self.chunk_bytes = chunk_bytes
         self.expected = set(expected) if expected is not None else None
+        self.authenticated = curve is not None  # names come from keys, not from what a peer says
         self.stall_timeout_s = stall_timeout_s
         if fanout not in ("star", "relay"):
             raise ValueError(f"fanout must be star or relay, got {fanout!r}")
         self.fanout = fanout
-        self.keys = {name: public.decode() for public, name in curve.clients.items()} if curve is not None else {}
+        # Relay sockets use CURVE only with curvezmq (sealed chunks are forwarded as they are): their keys.
+        self.keys = {name: public.decode() for public, name in curve.clients.items()} if self.zap is not None else {}
         self.relays: dict[str, str] = {}  # subscriber name -> its forwarding endpoint (relay subscribers)
         self.progress: dict[str, Progress] = {}
         self.heard: dict[str, float] = {}  # subscriber name -> when it last sent anything
@@ -147,10 +161,17 @@ class WeightPublisher:
 
     def _handle(self, parts: list[zmq.Frame]) -> None:
         routing = bytes(parts[0].buffer)
+        frames = [p.buffer for p in parts[1:]]
         user = peer_name(parts[-1])
+        if self.seal is not None:
+            try:
+                user, frames = self.seal.open(frames)
+            except SealError as exc:
+                self.refusals.drop(self.peers.get(routing) or routing[:16].hex(), exc.reason, str(exc))
+                return
         sender = user or self.peers.get(routing) or routing[:16].hex()
         try:
-            kind, body = control(parts)
+            kind, body = control(frames)
             if kind == b"H":
                 self._hello(routing, user, body)
             elif kind == b"A":
@@ -164,9 +185,9 @@ class WeightPublisher:
         name = field(body, "name", str)
         if not 0 < len(name) <= 128:
             raise WireError("name", "expected 1 to 128 characters")
-        if self.zap is not None and name != user:
+        if self.authenticated and name != user:
             raise WireError("name", f"{name!r:.40} said hello with the key issued to {user!r}")
-        if self.zap is None and self.expected is not None and name not in self.expected:
+        if not self.authenticated and self.expected is not None and name not in self.expected:
             raise WireError("name", f"{name!r:.40} is not a subscriber of this run")
         relay = endpoint_field(body, "relay") if "relay" in body else ""
         for old, known in list(self.peers.items()):  # a reconnecting subscriber replaces its old connection
@@ -179,10 +200,36 @@ class WeightPublisher:
         self.links.pop(name, None)  # a new connection has no link yet
         self.progress.pop(name, None)
         self.heard[name] = time.monotonic()
+        if self.seal is not None:  # its chunk key, before any chunk: sent on the same connection
+            self._keys_owed[routing] = name
+            self._send_keys()
+
+    def _send_keys(self) -> None:
+        for routing, name in list(self._keys_owed.items()):
+            try:
+                self.send_to(routing, name, self.seal.chunks.key_message())
+            except zmq.Again:  # its queue is full (a reconnect mid-version): tried again on the next poll
+                continue
+            except zmq.ZMQError:
+                pass
+            self._keys_owed.pop(routing, None)
+
+    def send_to(self, routing: bytes, name: str, message: list) -> None:
+        """A control message for one subscriber (sealed for it alone with aes-gcm); never blocks (zmq.Again)."""
+        if self.seal is not None:
+            message = self.seal.to(name, message)
+        self._sock.send_multipart([routing] + message, flags=zmq.NOBLOCK)
+
+    @property
+    def auth_refused(self) -> int:
+        """Messages or handshakes refused for want of the run's keys."""
+        if self.seal is not None:
+            return sum(self.seal.refused.values())
+        return sum(self.zap.refused.values()) if self.zap is not None else 0
 
     def _registered(self, routing: bytes, user: str, what: str) -> str:
         name = self.peers.get(routing)
-        if name is None or (self.zap is not None and name != user):
+        if name is None or (self.authenticated and name != user):
             raise WireError(what, "from a connection that is not a registered subscriber")
         self.heard[name] = time.monotonic()
         return name
@@ -201,6 +248,8 @@ class WeightPublisher:
 
     def poll(self, timeout_ms: int = 0) -> None:
         """Process pending hellos and acks."""
+        if self._keys_owed:
+            self._send_keys()
         while self._sock.poll(timeout_ms):
             self._handle(self._sock.recv_multipart(copy=False))
             timeout_ms = 0
@@ -236,6 +285,8 @@ class WeightPublisher:
                           for t, off, _ in chunk],
             })
             messages.append([b"C", header] + [view for _, _, view in chunk])
+        if self.seal is not None:
+            messages = SealedChunks(messages, self.seal.chunks)
         if self.fanout == "relay":
             from core.weights_relay import RelayFanout
 

@@ -35,14 +35,14 @@ def unpack_map(buf) -> dict:
     return body
 
 
-def control(parts: list) -> tuple[bytes, dict]:
-    """Parse a subscriber's control message [routing, kind, msgpack map]; WireError if malformed."""
-    if len(parts) != 3:
-        raise WireError("frames", f"expected 2 frames, got {len(parts) - 1}")
-    kind = bytes(parts[1].buffer)
+def control(frames: list) -> tuple[bytes, dict]:
+    """Parse a subscriber's control message [kind, msgpack map] (buffers); WireError if malformed."""
+    if len(frames) != 2:
+        raise WireError("frames", f"expected 2 frames, got {len(frames)}")
+    kind = bytes(frames[0][:8])
     if kind not in CONTROL_KINDS:
         raise WireError("kind", f"unknown control message {kind[:8]!r}")
-    return kind, unpack_map(parts[2].buffer)
+    return kind, unpack_map(frames[1])
 
 
 def field(body: dict, key: str, typ: type):
@@ -104,9 +104,10 @@ class Link:
 
 
 def parse_link(frames: list) -> Link:
+    """A relay link from [kind, msgpack map] (buffers); WireError if malformed."""
     if len(frames) != 2:
         raise WireError("frames", f"a relay link has 2 frames, got {len(frames)}")
-    body = unpack_map(frames[1].buffer)
+    body = unpack_map(frames[1])
     stall = field(body, "stall_s", float)
     if not 0 < stall < 1e6:
         raise WireError("stall_s", f"expected a positive number of seconds, got {stall!r:.20}")

@@ -100,7 +100,7 @@ class RelayFanout:
             if message is None or routing is None:
                 continue
             try:
-                self.pub._sock.send_multipart([routing] + message, flags=zmq.NOBLOCK)
+                self.pub.send_to(routing, name, message)
             except zmq.Again:  # its queue is full: tried again on the next turn (unless a newer link replaced it)
                 self.outbox.setdefault(name, message)
             except zmq.ZMQError as exc:

@@ -5,7 +5,9 @@ What must hold:
   inside, is dropped and counted (`dropped`), and the version it belonged to is abandoned; `poll` goes on.
 - Every header number is an integer in range before it is used, shapes, dtypes and byte counts agree, and a
   version's buffers are checked against what this subscriber expects (`expected`: tensor name -> shape, the
-  model's own parameters) and against `max_total_bytes` *before* anything is allocated.
+  model's own parameters) and against `max_total_bytes` *before* anything is allocated (core.weights_assembly).
+- Sealed (`curve` with cipher aes-gcm, core.weights_seal): every message is opened before anything reads it;
+  one that does not open is dropped and counted (reason "auth") and leaves what is being assembled as it was.
 - Chunks of a version arrive in order on each path (the publisher's connection, or a relay predecessor's). A
   chunk 0 of a version newer than the one being assembled and the last one handed out supersedes a partial
   version (counted in `abandoned`); a chunk this subscriber already has (a re-feed after the chain was re-linked)
@@ -27,107 +29,18 @@ import numpy as np
 import zmq
 
 from core.curve import CurveClient, release_handler
+from core.seal import SealError
 from core.trajectory import WireError
 from core.transport import DropLog
-from core.weights_channel import MAX_CONTROL_BYTES, TensorBytes, WeightSet, itemsize
+from core.weights_assembly import Assembly, parse_chunk_header
+from core.weights_channel import MAX_CONTROL_BYTES, WeightSet
 from core.weights_control import parse_link, progress_message
 from core.weights_forward import Forwarder
+from core.weights_seal import OpenChunk, SubscriberSeal, is_chunk
 
 log = logging.getLogger("agentgym.weights")
 
-MAX_VERSION = (1 << 62) - 1
-MAX_CHUNKS = 1 << 24
-MAX_DIMS = 8
-_HEADER_KEYS = {"version", "seq", "n_chunks", "parts"}
-
-
-def _int(value, name: str, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise WireError(name, f"expected an int in [{lo}, {hi}], got {value!r:.40}")
-    return value
-
-
-def parse_chunk_header(buf, n_frames: int) -> tuple[int, int, int, list[tuple[str, str, tuple[int, ...], int, int]]]:
-    """(version, seq, n_chunks, parts) of a chunk header, every number checked; WireError otherwise."""
-    try:
-        header = msgpack.unpackb(buf, raw=False, max_array_len=1 << 16, max_map_len=8, max_bin_len=0,
-                                 max_ext_len=0, max_str_len=1 << 12)
-    except Exception as exc:
-        raise WireError("header", f"not valid msgpack ({type(exc).__name__})") from None
-    if not isinstance(header, dict) or set(header) != _HEADER_KEYS:
-        raise WireError("header", f"expected a map with keys {sorted(_HEADER_KEYS)}")
-    version = _int(header["version"], "version", 0, MAX_VERSION)
-    n_chunks = _int(header["n_chunks"], "n_chunks", 1, MAX_CHUNKS)
-    seq = _int(header["seq"], "seq", 0, n_chunks - 1)
-    raw_parts = header["parts"]
-    if not isinstance(raw_parts, list) or len(raw_parts) != n_frames:
-        raise WireError("parts", f"expected {n_frames} part descriptors")
-    parts = []
-    for p in raw_parts:
-        if not (isinstance(p, list) and len(p) == 5 and isinstance(p[0], str) and 0 < len(p[0]) <= 256
-                and isinstance(p[1], str) and isinstance(p[2], list) and len(p[2]) <= MAX_DIMS):
-            raise WireError("parts", f"bad part descriptor {p!r:.80}")
-        name, dtype = p[0], p[1]
-        shape = tuple(_int(d, "shape", 0, 1 << 40) for d in p[2])
-        offset, total = _int(p[3], "offset", 0, 1 << 50), _int(p[4], "total", 0, 1 << 50)
-        if math.prod(shape) * itemsize(dtype) != total:  # Python ints: no overflow
-            raise WireError("parts", f"{name}: shape {list(shape)} of {dtype} is not {total} bytes")
-        parts.append((name, dtype, shape, offset, total))
-    return version, seq, n_chunks, parts
-
-
-class _Assembly:
-    """Buffers for one version while its chunks arrive, in order."""
-
-    def __init__(self, version: int, n_chunks: int, spare: dict[str, np.ndarray],
-                 expected: dict[str, tuple[int, ...]] | None, max_total_bytes: int):
-        self.version, self.n_chunks = version, n_chunks
-        self.next_seq = 0
-        self.buffers: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
-        self.filled: dict[str, int] = {}
-        self.allocated = 0
-        self.spare = spare  # byte buffers of an older version, reused when the sizes match
-        self.expected, self.max_total_bytes = expected, max_total_bytes
-
-    def add(self, seq: int, parts: list, frames: list) -> None:
-        if seq != self.next_seq:
-            raise WireError("seq", f"chunk {seq} of version {self.version} arrived, expected {self.next_seq}")
-        for (name, dtype, shape, offset, total), frame in zip(parts, frames):
-            if name not in self.buffers:
-                self._allocate(name, dtype, shape, total)
-            elif self.buffers[name][:2] != (dtype, shape):
-                raise WireError("parts", f"{name}: dtype/shape differ between chunks of version {self.version}")
-            buf = self.buffers[name][2]
-            n = len(frame)
-            if offset != self.filled[name] or offset + n > len(buf):
-                raise WireError("parts", f"{name}: bytes [{offset}, {offset + n}) do not continue "
-                                         f"{self.filled[name]} within {len(buf)}")
-            buf.data[offset:offset + n] = frame  # a memoryview slice copy runs at memcpy speed
-            self.filled[name] += n
-        self.next_seq += 1
-
-    def _allocate(self, name: str, dtype: str, shape: tuple[int, ...], total: int) -> None:
-        if self.expected is not None:
-            want = self.expected.get(name)
-            if want is None:
-                raise WireError("parts", f"{name!r:.80} is not a tensor of this model")
-            if tuple(want) != shape:
-                raise WireError("parts", f"{name}: shape {list(shape)}, the model has {list(want)}")
-        if self.max_total_bytes and self.allocated + total > self.max_total_bytes:
-            raise WireError("parts", f"version {self.version} needs more than {self.max_total_bytes} bytes")
-        buf = self.spare.pop(name, None)
-        if buf is None or buf.nbytes != total:
-            buf = np.empty(total, np.uint8)  # not zero-filled: every byte is written before use
-        self.allocated += total
-        self.buffers[name] = (dtype, shape, buf)
-        self.filled[name] = 0
-
-    def complete(self) -> bool:
-        return self.next_seq == self.n_chunks and all(
-            self.filled[n] == len(b[2]) for n, b in self.buffers.items())
-
-    def result(self) -> WeightSet:
-        return WeightSet(self.version, {n: TensorBytes(n, d, s, b.data) for n, (d, s, b) in self.buffers.items()})
+KEY_WAIT_S = 2.0  # how long a relayed chunk sealed with a key not yet known waits for it on the publisher's path
 
 
 class WeightSubscriber:
@@ -157,16 +70,20 @@ class WeightSubscriber:
         self._sock.setsockopt(zmq.RCVHWM, 8)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_chunk_bytes, MAX_CONTROL_BYTES))
-        if curve is not None:
+        # aes-gcm: every message sealed here (core.weights_seal), chunks forwarded still sealed; curvezmq: CURVE
+        # on this socket and on the relay sockets.
+        self.seal = SubscriberSeal(curve, MAX_CONTROL_BYTES) if curve is not None and curve.cipher == "aes-gcm" else None
+        curve_sockets = curve is not None and self.seal is None
+        if curve_sockets:
             curve.apply(self._sock)
         self.relay: Forwarder | None = None
         if relay_host is not None:
-            self.relay = Forwarder(self._ctx, self.name, relay_host, curve.keys if curve is not None else None,
+            self.relay = Forwarder(self._ctx, self.name, relay_host, curve.keys if curve_sockets else None,
                                    max(max_chunk_bytes, MAX_CONTROL_BYTES), advertise=relay_advertise)
         self._sock.connect(endpoint)
         hello = {"name": self.name, **({"relay": self.relay.endpoint} if self.relay is not None else {})}
-        self._sock.send_multipart([b"H", msgpack.packb(hello)])
-        self._assembly: _Assembly | None = None
+        self._send([b"H", msgpack.packb(hello)])
+        self._assembly: Assembly | None = None
         # One buffer set: the version handed out stays untouched until the next `poll`, which lends its buffers
         # to the next assembly, so steady-state updates allocate (and page-fault) nothing and a subscriber holds
         # one model's worth of bytes. A consumer applies (copies) a version before it polls again.
@@ -213,15 +130,32 @@ class WeightSubscriber:
             if not events and deadline is not None and time.monotonic() >= deadline:
                 return None
 
-    def _receive(self, frames: list, source: str) -> None:
-        if frames and bytes(frames[0].buffer) == b"L" and source == "the publisher":
+    def _send(self, message: list, flags: int = 0) -> None:
+        self._sock.send_multipart(self.seal.seal(message) if self.seal is not None else message, flags=flags)
+
+    def _receive(self, received: list, source: str) -> None:
+        frames = [f.buffer for f in received]
+        try:
+            if self.seal is not None:
+                frames, chunk = self._open(frames, source)
+            else:
+                chunk = None
+        except SealError as exc:
+            self.drops.drop(f"{source} (at {self.name})", "auth", str(exc))
+            return
+        if frames and bytes(frames[0][:2]) == b"L" and source == "the publisher":
             try:
                 self._link(frames)
             except WireError as exc:
                 self.drops.drop(f"{source} (at {self.name})", exc.field, str(exc))
             return
+        if frames and bytes(frames[0][:2]) == b"K" and self.seal is not None:
+            return  # the chunk key, learned in `_open`
         try:
-            done = self._accept([f.buffer for f in frames])
+            done = self._accept(frames, chunk)
+        except SealError as exc:  # a forged part: refused, the assembly untouched
+            self.drops.drop(f"{source} (at {self.name})", "auth", str(exc))
+            return
         except WireError as exc:
             if self._assembly is not None:  # a version with a bad chunk cannot be trusted
                 self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
@@ -229,11 +163,27 @@ class WeightSubscriber:
             self.drops.drop(f"{source} (at {self.name})", exc.field, str(exc))
             return
         if self._accepted and self.relay is not None:
-            self.relay.forward(frames)
+            self.relay.forward(received)
         if done is not None:
             self._ready = done
             if self.relay is not None:
                 self._report()
+
+    def _open(self, frames: list, source: str):
+        """(plain frames, None) of a message sealed for this subscriber, or ([b"C", header], OpenChunk) of a
+        sealed chunk; SealError if it is neither."""
+        if not is_chunk(frames):
+            if source != "the publisher":
+                raise self.seal.chunks.refuse("malformed", "not a sealed chunk")
+            return self.seal.open_control(frames), None
+        if not self.seal.chunks.has_key and source != "the publisher":
+            # A predecessor's chunk can overtake the key, sent on the publisher's connection: read that first
+            # (only before the key has come: a chunk with another key is refused at once).
+            deadline = time.monotonic() + KEY_WAIT_S
+            while not self.seal.chunks.knows(frames) and self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                self._receive(self._sock.recv_multipart(copy=False), "the publisher")
+        chunk = self.seal.chunks.open(frames)
+        return [b"C", chunk.header] + frames[2:], chunk
 
     def _link(self, frames: list) -> None:
         link = parse_link(frames)
@@ -251,7 +201,7 @@ class WeightSubscriber:
         self._reported = time.monotonic()
         try:  # never blocks: with the publisher gone, reports are dropped, not queued without end
             blocked = self.relay is not None and self.relay.blocked
-            self._sock.send_multipart(progress_message(*have, self._epoch, blocked), flags=zmq.NOBLOCK)
+            self._send(progress_message(*have, self._epoch, blocked), flags=zmq.NOBLOCK)
         except zmq.Again:
             pass
 
@@ -272,8 +222,9 @@ class WeightSubscriber:
         """Chunks dropped as malformed."""
         return self.drops.total
 
-    def _accept(self, frames: list) -> WeightSet | None:
-        """Take one chunk; the version it completes, else None. `_accepted` says whether it was new here."""
+    def _accept(self, frames: list, sealed: OpenChunk | None = None) -> WeightSet | None:
+        """Take one chunk (`sealed`: its parts are still sealed); the version it completes, else None.
+        `_accepted` says whether it was new here."""
         self._accepted = False
         if len(frames) < 2 or bytes(frames[0]) != b"C":
             raise WireError("kind", "expected a weights chunk")
@@ -283,19 +234,27 @@ class WeightSubscriber:
         current = self._assembly
         if current is not None and version < current.version:
             return None  # an older version, late on a slower path
+        superseded = None
         if current is None or current.version != version:
             if seq != 0:
                 raise WireError("seq", f"chunk {seq} of version {version}, which has not begun here")
-            if current is not None:  # abandoned by the publisher: a version that began later supersedes it
-                self.abandoned += 1
-                self._spare.update({n: b for n, (_, _, b) in current.buffers.items()})
-            current = self._assembly = _Assembly(version, n_chunks, self._spare, self.expected,
-                                                 self.max_total_bytes)
+            superseded, current = current, Assembly(version, n_chunks, self._spare, self.expected,
+                                                     self.max_total_bytes)
         elif n_chunks != current.n_chunks:
             raise WireError("n_chunks", f"version {version} changed its chunk count")
         elif seq < current.next_seq:
             return None  # a chunk this subscriber has: the version was fed again after a re-link
-        current.add(seq, parts, frames[2:])
+        try:
+            current.add(seq, parts, frames[2:], sealed)
+        except WireError:  # a forged part (SealError) leaves what was being assembled as it was
+            if current is not self._assembly:
+                self._spare.update({n: b for n, (_, _, b) in current.buffers.items()})
+            raise
+        if current is not self._assembly:
+            if superseded is not None:  # abandoned by the publisher: a version that began later supersedes it
+                self.abandoned += 1
+                self._spare.update({n: b for n, (_, _, b) in superseded.buffers.items()})
+            self._assembly = current
         self._accepted = True
         if not current.complete():
             return None
@@ -306,7 +265,7 @@ class WeightSubscriber:
         return done
 
     def ack(self, version: int, ok: bool = True, error: str = "") -> None:
-        self._sock.send_multipart([b"A", msgpack.packb({"version": version, "ok": ok, "error": error[:1000]})])
+        self._send([b"A", msgpack.packb({"version": version, "ok": ok, "error": error[:1000]})])
 
     def close(self) -> None:
         if self.relay is not None:

@@ -94,7 +94,7 @@ def transport_keys(cfg: RootConfig) -> RunKeys | None:
     from launch.pools import pool_names
 
     return RunKeys.generate(replica_names(cfg.generator.num_replicas) + pool_names(cfg.env.num_actors),
-                            trajectory_cipher=cfg.transport.cipher)
+                            cipher=cfg.transport.cipher)
 
 
 @dataclass

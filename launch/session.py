@@ -165,7 +165,7 @@ class TrainingSession:
         """Endpoints and server public keys (public keys are no secret; the key pairs never leave memory)."""
         keys = self.keys
         return {"auth": "curve" if keys else "off",
-                "trajectory_cipher": keys.trajectory_cipher if keys else "",
+                "cipher": keys.cipher if keys else "",
                 "trajectory_endpoint": advertised(self.receiver.endpoint),
                 "trajectory_same_node_endpoint": getattr(self.receiver, "local_endpoint", ""),
                 "weights_endpoint": advertised(self.roles.learners.weights_endpoint,

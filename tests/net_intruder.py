@@ -4,7 +4,7 @@ It waits for the run's `transport.json` (endpoints and public server keys, which
 then for a bounded time, about twice a second, tries what the threat model says must fail without the run's
 keys: push a forged trajectory (plain ZeroMQ, CURVE with keys of its own, and sealed as the run's pools seal
 them, core.seal, under keys of its own), subscribe to the weights
-channel and ack a version (both ways too). It counts its attempts and every weight chunk it managed to receive,
+channel and ack a version (the same three ways). It counts its attempts and every weight chunk it managed to receive,
 and writes them to OUT as JSON. It sends only to the endpoints the run advertises (addresses of the test's own
 network namespaces)."""
 from __future__ import annotations
@@ -60,12 +60,14 @@ def main(run_dir: str, seconds: float, out: str) -> int:
                     pass
                 stats["trajectory_attempts"] += 1
                 sock.close(300)  # time to deliver what was queued (a sealed message is refused only on arrival)
-            for public in (None, info["weights_server_public"]):
+            weights_public = info["weights_server_public"]
+            for public, seal in ((None, False), (weights_public, False), (None, True)):
                 sock = _socket(ctx, info["weights_endpoint"], public)
+                sealer = Sealer(CurveClient(weights_public.encode(), KeyPair.generate(), "aes-gcm"), b"weights-up")
                 for message in ([b"H", msgpack.packb({"name": "generator-0"})],
                                 [b"A", msgpack.packb({"version": 1, "ok": False, "error": "forged"})]):
                     try:
-                        sock.send_multipart(message)
+                        sock.send_multipart(sealer.seal(message) if seal else message)
                     except zmq.Again:
                         pass
                 if sock.poll(300):

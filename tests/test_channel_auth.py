@@ -32,7 +32,7 @@ def tensor(values: np.ndarray, name: str = "w") -> TensorBytes:
 
 
 def test_only_the_runs_clients_can_push_trajectories_curvezmq():
-    keys = RunKeys.generate(POOLS + GENS, trajectory_cipher="curvezmq")
+    keys = RunKeys.generate(POOLS + GENS, cipher="curvezmq")
     rx = TrajectoryReceiver(curve=keys.trajectory_server_side(POOLS))
     good = TrajectorySender(rx.endpoint, name="pool-chosen-id", curve=keys.trajectory_client("envpool-1"))
     plain = TrajectorySender(rx.endpoint, name="plain")  # no CURVE at all
@@ -108,13 +108,15 @@ def test_sender_name_is_the_one_its_key_was_issued_under(keys):
     rx.close()
 
 
-def test_weights_reach_only_authenticated_subscribers_and_acks_need_the_right_key(keys):
+@pytest.mark.parametrize("cipher", ["aes-gcm", "curvezmq"])
+def test_weights_reach_only_authenticated_subscribers_and_acks_need_the_right_key(cipher):
+    keys = RunKeys.generate(POOLS + GENS, cipher=cipher)
     pub = WeightPublisher(curve=keys.weights_server_side(GENS), expected=GENS)
     sub = WeightSubscriber(pub.endpoint, name="generator-0", curve=keys.weights_client("generator-0"))
     spoof = WeightSubscriber(pub.endpoint, name="generator-1", curve=keys.weights_client("generator-0"))
     outsider = WeightSubscriber(pub.endpoint, name="generator-1")  # no keys
     stranger = WeightSubscriber(pub.endpoint, name="generator-1",
-                                curve=CurveClient(keys.weights_server.public, KeyPair.generate()))
+                                curve=CurveClient(keys.weights_server.public, KeyPair.generate(), cipher))
     pub.wait_for_peers(1, timeout_s=5)
     pub.poll(500)
     assert sorted(pub.peers.values()) == ["generator-0"]  # the spoofed hello named a key it does not hold
@@ -125,7 +127,10 @@ def test_weights_reach_only_authenticated_subscribers_and_acks_need_the_right_ke
     spoof.ack(1, ok=False, error="forged")  # an ack under generator-0's key from a connection never registered
     sub.ack(1)
     assert pub.wait_acks(1, timeout_s=5) == {"generator-0": (True, "")}
-    assert pub.drops.total >= 2 and sum(pub.zap.refused.values()) >= 1
+    assert pub.drops.total >= 2 and pub.auth_refused >= 1
+    if cipher == "aes-gcm":  # the outsider's plain hello and the stranger's sealed one: both refused, named why
+        assert pub.seal.refused["unknown_key"] == 1 and pub.seal.refused["malformed"] == 1
+        assert outsider.latest_version == stranger.latest_version == -1
     for s in (sub, spoof, outsider, stranger):
         s.close()
     pub.close()
@@ -195,7 +200,7 @@ def test_a_send_with_a_timeout_returns_when_its_connection_is_refused_under_it()
     """The connection a sender's poll saw can be refused before the send (CurveZMQ ends it for good): a send with
     a timeout must still return in time. The poll is held until the refusal has happened, which is the race a
     full test run hit now and then, made certain."""
-    keys = RunKeys.generate(POOLS, trajectory_cipher="curvezmq")
+    keys = RunKeys.generate(POOLS, cipher="curvezmq")
     rx = TrajectoryReceiver(curve=keys.trajectory_server_side(POOLS), same_node=False)
     stranger = TrajectorySender(rx.endpoint, name="stranger",
                                 curve=CurveClient(keys.trajectory_server.public, KeyPair.generate(), "curvezmq"))

@@ -68,7 +68,7 @@ def test_a_sender_in_another_network_namespace_counts_as_another_node():
 
 @pytest.mark.parametrize("cipher", ["aes-gcm", "curvezmq"])
 def test_under_curve_the_local_sender_skips_curve_and_the_tcp_side_still_requires_it(cipher):
-    keys = RunKeys.generate(["pool-0"], trajectory_cipher=cipher)
+    keys = RunKeys.generate(["pool-0"], cipher=cipher)
     rx = TrajectoryReceiver(hwm=100, curve=keys.trajectory_server_side(["pool-0"]))
     try:
         near = TrajectorySender(rx.endpoints, name="pool-0", curve=keys.trajectory_client("pool-0"))

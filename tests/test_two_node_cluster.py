@@ -123,14 +123,15 @@ def test_curve_keeps_an_outsider_out_while_the_run_trains(two_nodes, tiny_model_
     seen = json.loads(report.read_text())
     assert seen["saw_transport_json"] and seen["trajectory_attempts"] > 0 and seen["weights_attempts"] > 0, seen
     assert seen["chunks_received"] == 0, seen  # no weights reached the outsider
-    # Refused: the weights channel's handshakes (CurveZMQ), the trajectory channel's messages (sealed, aes-gcm).
-    assert "its CURVE key is not admitted here" in log or "unauthenticated trajectory message" in log
+    # Refused unopened (transport.cipher=aes-gcm): the messages of both channels.
+    assert "unauthenticated trajectory message" in log or "unauthenticated weights message" in log
     trained = [t for r in map(json.loads, (out / "trained.jsonl").read_text().splitlines())
                for t in r["trajectories"]]
     assert "g0000000-babyai_0.a0.s0" not in trained or len(trained) == len(set(trained))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1].get("transport/bad_messages", 0) == 0  # nothing forged even reached a decoder
     assert metrics[-1]["transport/auth_refused"] > 0  # the intruder's messages, refused unopened
+    assert metrics[-1]["transport/weights_auth_refused"] > 0  # its hellos and acks, refused unopened
 
 
 def test_auth_off_off_loopback_is_refused_at_start(two_nodes, tiny_model_dir, tmp_path):

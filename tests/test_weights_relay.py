@@ -11,10 +11,12 @@ import time
 
 import msgpack
 import numpy as np
+import pytest
 import zmq
 
 from core.curve import CurveClient, KeyPair, RunKeys, release_handler
 from core.weights_channel import TensorBytes, WeightPublisher
+from core.weights_seal import ChunkSealer
 from core.weights_subscriber import WeightSubscriber
 
 LOOPBACK = "127.0.0.1"
@@ -78,8 +80,8 @@ def _subscriber_process(endpoint: str, name: str, stop_after: int, holding, vers
     if stop_after:
         accept = sub._accept
 
-        def accept_then_freeze(frames):
-            done = accept(frames)
+        def accept_then_freeze(frames, sealed=None):
+            done = accept(frames, sealed)
             if sub._assembly is not None and sub._assembly.next_seq >= stop_after:
                 holding.set()  # it holds (and has forwarded) part of the version; now it waits to be killed
                 time.sleep(3600)
@@ -166,9 +168,10 @@ def test_a_stalled_head_does_not_hold_up_the_chain_beyond_the_stall_timeout():
         pub.close()
 
 
-def test_with_curve_an_outsider_cannot_push_chunks_into_the_chain():
+@pytest.mark.parametrize("cipher", ["aes-gcm", "curvezmq"])
+def test_with_curve_an_outsider_cannot_push_chunks_into_the_chain(cipher):
     gens = ["generator-0", "generator-1"]
-    keys = RunKeys.generate(gens)
+    keys = RunKeys.generate(gens, cipher=cipher)
     pub = WeightPublisher(chunk_bytes=64 << 10, curve=keys.weights_server_side(gens), expected=gens,
                           fanout="relay", stall_timeout_s=5.0)
     subs = []
@@ -185,6 +188,10 @@ def test_with_curve_an_outsider_cannot_push_chunks_into_the_chain():
     # of the run that the publisher never named as generator-1's predecessor (the publisher's own server key).
     forged = [b"C", msgpack.packb({"version": 999, "seq": 0, "n_chunks": 1,
                                    "parts": [["small", "int64", [3, 5], 0, 120]]}), np.zeros(15, np.int64).tobytes()]
+    # Sealed ones too: with a chunk key of its own, and a genuine sealed chunk of version 1 with its part altered.
+    own_key = ChunkSealer().seal(forged)
+    altered = pub.seal.chunks.seal(forged) if cipher == "aes-gcm" else forged
+    altered[-1] = bytes([altered[-1][0] ^ 1]) + bytes(altered[-1][1:])
     target = subs[1].relay.endpoint
     ctx = zmq.Context()
     outsiders = []
@@ -192,17 +199,20 @@ def test_with_curve_an_outsider_cannot_push_chunks_into_the_chain():
                   CurveClient(KeyPair.generate().public, keys.weights_server)):
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
-        if curve is not None:
+        if curve is not None and cipher == "curvezmq":
             CurveClient(keys.clients["generator-1"].public, curve.keys).apply(sock)
         sock.connect(target)
-        for _ in range(3):
+        for message in (forged, own_key, altered):
             try:
-                sock.send_multipart(forged, flags=zmq.NOBLOCK)
+                sock.send_multipart(message, flags=zmq.NOBLOCK)
             except zmq.Again:
                 pass
         outsiders.append(sock)
     assert subs[1].poll(1500) is None  # version 999 never arrives
-    assert subs[1].relay.zap.refused["unknown_key"] >= 2
+    if cipher == "curvezmq":
+        assert subs[1].relay.zap.refused["unknown_key"] >= 2
+    else:  # every message reached it, and none opened
+        assert subs[1].drops.by_reason["auth"] == 9 and subs[1].seal.refused == 9
     threads = [reader(s, 1, got) for s in subs]
     pub.publish(2, tensors_of(2, 1 << 16))
     for t in threads:

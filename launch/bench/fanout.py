@@ -55,7 +55,8 @@ def _subscriber(endpoint: str, name: str, versions: int, relay_host: str, keys: 
 
     curve = None
     if keys:
-        curve = CurveClient(keys["server"].encode(), KeyPair(keys["public"].encode(), keys["secret"].encode()))
+        curve = CurveClient(keys["server"].encode(), KeyPair(keys["public"].encode(), keys["secret"].encode()),
+                            keys["cipher"])
     sub = WeightSubscriber(endpoint, name=name, relay_host=relay_host, max_chunk_bytes=64 << 20, curve=curve)
     for _ in range(versions):
         ws = sub.poll(600_000)
@@ -118,7 +119,7 @@ def fan_out(fanout: str, n_subs: int, payload: np.ndarray, versions: int, chunk_
             if keys:
                 pair = keys.clients[name]
                 client = {"server": keys.weights_server.public.decode(), "public": pair.public.decode(),
-                          "secret": pair.secret.decode()}
+                          "secret": pair.secret.decode(), "cipher": keys.cipher}
             procs.append(_start(hosts, i, pub.endpoint, name, versions + 1, client))
             pub.wait_for_peers(i + 1, timeout_s=120)
         tensors = [TensorBytes("w", "float32", payload.shape, payload.data)]

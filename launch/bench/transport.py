@@ -11,8 +11,8 @@
   array; memcpy of the same bytes.
 - The TCP paths under the run's CURVE keys (authenticated and encrypted, as off loopback by default): side by
   side with the plain TCP ones, `curve_over_plain_1mb` and `curve_over_plain_weights` (throughput ratios).
-  Trajectories as a run sends them (`transport.cipher=aes-gcm`: sealed by the sender, opened by the receiver,
-  core.seal), and with `curvezmq` beside them (`curvezmq_over_plain_*`); weights with CurveZMQ.
+  Both channels as a run uses them (`transport.cipher=aes-gcm`: sealed by the sender, opened by the receiver,
+  core.seal and core.weights_seal), and with `curvezmq` beside them (`curvezmq_over_plain_*`).
 Throughput ratios are measured in this one run. The last line is the JSON of the figures.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _produce(endpoint: str, size: int, count: int, curve=None) -> None:
 def _keys(client: str, cipher: str = "aes-gcm"):
     from core.curve import RunKeys
 
-    return RunKeys.generate([client], trajectory_cipher=cipher)
+    return RunKeys.generate([client], cipher=cipher)
 
 
 def zmq_trajectories(size: int, count: int, warmup: int, curve: str | None = None, same_node: bool = False) -> float:
@@ -170,10 +170,10 @@ def _subscribe(endpoint: str, versions: int, curve=None) -> None:
     sub.close()
 
 
-def zmq_weights(nbytes: int, count: int, curve: bool = False) -> float:
+def zmq_weights(nbytes: int, count: int, curve: str | None = None) -> float:
     from core.weights_channel import TensorBytes, WeightPublisher
 
-    keys = _keys("bench-generator") if curve else None
+    keys = _keys("bench-generator", curve) if curve else None
     pub = WeightPublisher(curve=keys.weights_server_side(["bench-generator"]) if keys else None)
     client = keys.weights_client("bench-generator") if keys else None
     proc = mp.get_context("spawn").Process(target=_subscribe, args=(pub.endpoint, count + 1, client))
@@ -249,15 +249,17 @@ def main(argv: list[str]) -> int:
 
     nbytes, count = args.weights_mb * MB, args.weights_count
     arr = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
-    plain, curve = paired(lambda: zmq_weights(nbytes, count), lambda: zmq_weights(nbytes, count, curve=True),
-                          trials=args.trials)
-    times = {"zmq": plain, "zmq+curve": curve, "ray": ray_put_get(arr, count, warmup=1),
+    plain, curve, curvezmq = paired(lambda: zmq_weights(nbytes, count),
+                                    lambda: zmq_weights(nbytes, count, curve="aes-gcm"),
+                                    lambda: zmq_weights(nbytes, count, curve="curvezmq"), trials=args.trials)
+    times = {"zmq": plain, "zmq+curve": curve, "zmq+curvezmq": curvezmq, "ray": ray_put_get(arr, count, warmup=1),
              "memcpy": memcpy(nbytes, count)}
     for path, seconds in times.items():
         rows.append([f"weights {args.weights_mb} MB", path, count / seconds, nbytes * count / seconds / 1e9,
                      times["ray"] / times["zmq"] if path == "zmq" else "", "",
                      times["memcpy"] / times["zmq"] if path == "zmq" else "", ""])
     figures["curve_over_plain_weights"] = times["zmq"] / times["zmq+curve"]
+    figures["curvezmq_over_plain_weights"] = times["zmq"] / times["zmq+curvezmq"]
     figures["zmq_over_ray_weights"] = times["ray"] / times["zmq"]
     figures["zmq_over_memcpy_weights"] = times["memcpy"] / times["zmq"]
     shutdown()
@@ -266,9 +268,9 @@ def main(argv: list[str]) -> int:
                 rows))
     print("zmq: producer process -> encode -> the same-node Unix socket (what a pool on the coordinator's node")
     print("  takes) -> decode + validate; zmq tcp: the same over loopback TCP; weights: TCP until the receiver's ack.")
-    print("zmq+curve: TCP under the run's CURVE keys as a run uses it (trajectories: transport.cipher=aes-gcm, each")
-    print("  message sealed by the sender and opened by the receiver; weights: CurveZMQ); zmq+curvezmq: trajectories")
-    print("  with transport.cipher=curvezmq; curve_over_plain = the zmq+curve throughput / zmq tcp's;")
+    print("zmq+curve: TCP under the run's CURVE keys as a run uses them (transport.cipher=aes-gcm: each message")
+    print("  sealed by the sender and opened by the receiver, chunks of weights sealed once); zmq+curvezmq: the same")
+    print("  with transport.cipher=curvezmq; curve_over_plain = the zmq+curve throughput / the plain TCP one's;")
     print(f"zmq tcp and zmq+curve* rows are medians of {args.trials} runs each, taken in turn after one untimed run;")
     print(f"zmq and ray xproc rows are medians of {args.trials} runs.")
     print("ray: ray.get(ray.put(x)) in one process; ray xproc: a producer actor's records taken with ray.get on")
