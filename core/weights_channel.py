@@ -286,7 +286,7 @@ class WeightPublisher:
             })
             messages.append([b"C", header] + [view for _, _, view in chunk])
         if self.seal is not None:
-            messages = SealedChunks(messages, self.seal.chunks)
+            messages = SealedChunks(messages, self.seal.chunks, self.seal.buffers)
         if self.fanout == "relay":
             from core.weights_relay import RelayFanout
 

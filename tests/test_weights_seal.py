@@ -4,6 +4,7 @@ under other counters or keys) in which nothing altered is taken and nothing alte
 from __future__ import annotations
 
 import random
+import time
 
 import msgpack
 import numpy as np
@@ -11,7 +12,7 @@ import zmq
 
 from core.curve import RunKeys
 from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_seal import CHUNK_HEADER, ChunkSealer, PublisherSeal
+from core.weights_seal import CHUNK_HEADER, BufferPool, ChunkOpener, ChunkSealer, PublisherSeal
 from core.weights_subscriber import WeightSubscriber
 
 N = 20_000
@@ -134,3 +135,32 @@ def test_a_chunk_header_is_only_the_magic_key_id_and_counter():
     magic, key_id, counter = CHUNK_HEADER.unpack(first[0])
     assert magic == b"AGC1" and key_id == sealer.key_id and counter == 1
     assert CHUNK_HEADER.unpack(second[0])[2] == 2 and first[1:] != second[1:]  # a new nonce for every seal
+
+
+def test_a_sealed_chunk_buffer_is_reused_only_once_zeromq_has_released_it():
+    pool, sealer = BufferPool(), ChunkSealer()  # frames of 64 KB or more: ZeroMQ sends them zero-copy
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://sealed-buffers")
+    push.connect("inproc://sealed-buffers")
+    part = bytes(range(256)) * 400
+    sealed = sealer.seal([b"C", b"header", part], pool)
+    assert isinstance(sealed[1], bytes) and isinstance(sealed[2], zmq.Frame)  # small frames are plain bytes
+    first = pool._busy[0][0]
+    push.send_multipart(sealed, copy=False)
+    assert pool.take(len(first)) is not first  # still held by the frame (and maybe by ZeroMQ)
+    got = pull.recv_multipart()
+    del sealed
+    deadline = time.monotonic() + 5
+    while not pool._busy[0][1].done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.take(len(first)) is first  # released: recycled
+    opener = ChunkOpener()
+    opener.learn(sealer.key_id + sealer.key)
+    chunk = opener.open(got)
+    out = bytearray(len(part))
+    chunk.open_into(0, got[2], memoryview(out))
+    assert chunk.header == b"header" and bytes(out) == part
+    push.close(0)
+    pull.close(0)
+    ctx.term()
