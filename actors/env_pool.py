@@ -6,7 +6,8 @@ decides what runs and when by calling `run(spec)`.
 What must hold:
 - At most `slots_per_actor` episodes run at once (asyncio); a family's `max_instances_per_actor(family_cfg)`
   hook, when present, caps its live envs and concurrent episodes further. Blocking envs run off the event loop
-  (ThreadedEnv); env construction runs in a worker thread too.
+  (ThreadedEnv), except those whose calls are short CPU work (core.env.SyncEnv.inline: BabyAI, TextCraft); env
+  construction runs in a worker thread.
 - Envs are reused across episodes, per family. An env whose episode ended in `env_error` or `env_timeout` is
   closed (bounded by a timeout: a hung env thread is abandoned, never awaited forever) and replaced by a fresh
   one on next use; the counts show in `stats()` as `env/<family>/errors`, `.../timeouts`, `.../replaced`.

@@ -16,7 +16,7 @@ import pytest
 
 from actors.env_pool import EnvPool
 from configs.env import EnvConfig
-from core.env import run_sync_env
+from core.env import InlineEnv, ThreadedEnv, run_sync_env
 from core.rollout import EpisodeLimits, EpisodeSpec
 from core.scripted_policy import ScriptedPolicy
 from core.transport import TrajectoryReceiver
@@ -51,6 +51,7 @@ class Tracked:
 
         class Env(BabyAIEnv):
             steps = 0
+            inline = False  # it can hang, unlike BabyAI itself: on a worker thread, where a timeout reaches it
 
             def step(self, reply):
                 self.steps += 1
@@ -249,3 +250,31 @@ def test_killed_actor_is_survived_and_its_episodes_reported_lost(ray_local, tiny
     finally:
         supervisor.shutdown()
         receiver.close()
+
+
+def test_short_cpu_envs_run_on_the_event_loop_and_others_on_their_own_thread():
+    from environments.sciworld.env import SciWorldEnv
+
+    cfg = EnvConfig()
+    assert isinstance(make_env("babyai", cfg), InlineEnv) and isinstance(make_env("textcraft", cfg), InlineEnv)
+    assert not SciWorldEnv.inline  # a JVM behind a gateway: it can hang, so it keeps its thread
+    seen = []
+
+    class Spy(BabyAIEnv):
+        def step(self, reply):
+            seen.append(threading.get_ident())
+            return super().step(reply)
+
+    class ThreadedSpy(Spy):
+        inline = False
+
+    async def episode(env):
+        await env.reset("babyai_1")
+        await env.step("turn left")
+        await env.close()
+
+    inline, threaded = run_sync_env(Spy()), run_sync_env(ThreadedSpy())
+    assert isinstance(inline, InlineEnv) and isinstance(threaded, ThreadedEnv)
+    for env in (inline, threaded):
+        asyncio.run(episode(env))
+    assert seen == [threading.get_ident(), seen[1]] and seen[1] != threading.get_ident()

@@ -32,6 +32,7 @@ from environments.parsing import last_named, parse_reply
 
 class BabyAIEnv(SyncEnv):
     family = FAMILY_NAME
+    inline = True  # pure Python over in-memory state, about a millisecond a step (core.env.SyncEnv.inline)
 
     def __init__(self, parse_mode: str = "lenient", prompt: str = "react"):
         if prompt not in INSTRUCTIONS:
