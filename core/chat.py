@@ -19,6 +19,9 @@ _PROBE_REPLY = "\x00probe-reply\x00"
 class ChatFormat:
     def __init__(self, tokenizer: Any):
         self.tok = tokenizer
+        # A fast tokenizer's Rust backend, called directly: the same ids as `tokenizer.encode` (tests/test_chat.py)
+        # at a fifth of the cost (46 against 244 us a turn in an env pool: transformers goes through encode_batch).
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.eos_id: int = tokenizer.eos_token_id
         eos_text = tokenizer.convert_ids_to_tokens(self.eos_id)
         base = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
@@ -39,7 +42,11 @@ class ChatFormat:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False)) if text else []
+        if not text:
+            return []
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return list(self.tok.encode(text, add_special_tokens=False))
 
     def start(self, instruction: str, observation: str, instruction_role: str = "system") -> list[int]:
         """Ids of the conversation start, ending with the generation prompt for the first reply."""

@@ -126,3 +126,14 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tiny_model_dir):
                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     with pytest.raises(ValueError, match="re-renders earlier turns"):
         ChatFormat(tok)
+
+
+def test_pieces_are_the_ids_the_tokenizer_itself_gives(tokenizer):
+    """ChatFormat tokenizes through the fast tokenizer's backend: the ids must be transformers' own."""
+    chat = ChatFormat(tokenizer)
+    assert chat._backend is not None
+    texts = ["", " ", "go to red ball 1", "  leading and trailing  ", "Ünïcödé ✓ 日本語 \t\n\n", "<|im_end|> inside",
+             "<|im_start|>user\nAvailable actions: turn left, pickup grey key 1<|im_end|>\n", "x" * 3000,
+             "1234567890 " * 50, "\x00\x01 control"]
+    for text in texts:
+        assert chat.encode(text) == list(tokenizer.encode(text, add_special_tokens=False)), repr(text[:40])
