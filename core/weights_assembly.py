@@ -89,7 +89,7 @@ class Assembly:
             n = sealed.part_size(frame) if sealed is not None else len(frame)
             if sealed is not None and not 0 <= n <= len(buf) - offset:  # the header is genuine: the part is not
                 raise sealed.refuse(f"part {name} does not fit its authenticated place")
-            if n < 0 or offset != filled[name] or offset + n > len(buf):
+            if offset != filled[name] or offset + n > len(buf):
                 raise WireError("parts", f"{name}: bytes [{offset}, {offset + n}) do not continue "
                                          f"{filled[name]} within {len(buf)}")
             filled[name] += n

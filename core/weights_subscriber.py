@@ -234,12 +234,10 @@ class WeightSubscriber:
         current = self._assembly
         if current is not None and version < current.version:
             return None  # an older version, late on a slower path
-        superseded = None
         if current is None or current.version != version:
             if seq != 0:
                 raise WireError("seq", f"chunk {seq} of version {version}, which has not begun here")
-            superseded, current = current, Assembly(version, n_chunks, self._spare, self.expected,
-                                                     self.max_total_bytes)
+            current = Assembly(version, n_chunks, self._spare, self.expected, self.max_total_bytes)
         elif n_chunks != current.n_chunks:
             raise WireError("n_chunks", f"version {version} changed its chunk count")
         elif seq < current.next_seq:
@@ -251,9 +249,9 @@ class WeightSubscriber:
                 self._spare.update({n: b for n, (_, _, b) in current.buffers.items()})
             raise
         if current is not self._assembly:
-            if superseded is not None:  # abandoned by the publisher: a version that began later supersedes it
+            if self._assembly is not None:  # abandoned by the publisher: a version that began later supersedes it
                 self.abandoned += 1
-                self._spare.update({n: b for n, (_, _, b) in superseded.buffers.items()})
+                self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
             self._assembly = current
         self._accepted = True
         if not current.complete():
