@@ -3,7 +3,8 @@
 What must hold:
 - Generation never waits for a full rollout round and training never waits for stragglers beyond the batch:
   episodes run as independent tasks on the env pools; a batch is the first `groups_per_step` groups to
-  complete. The only couplings are the staleness gate (core.staleness: admission and the freshness filter)
+  complete (or, with `batch_order="submission"`, the next groups in the order they started, once all are
+  complete: batches then do not depend on timing). The only couplings are the staleness gate (core.staleness: admission and the freshness filter)
   and the horizon, `schedule.horizon_at(step)`, fixed for each group when it starts.
 - eta = 0 is the synchronous mode with the same code: one batch is admitted per policy version, so generation
   is idle while the learner trains.
@@ -57,7 +58,7 @@ class Coordinator:
                  on_group_started: Callable[[GroupInfo], None] | None = None,
                  health: Callable[[], str] | None = None, health_every_s: float = 5.0,
                  needs_republish: Callable[[], bool] | None = None, episode_watch: EpisodeWatch | None = None,
-                 max_trained_turns: int = 0):
+                 max_trained_turns: int = 0, batch_order: str = "completion"):
         """`health()` names a broken role's channel ("" when all is well); it is asked every `health_every_s`
         and a non-empty answer stops the run with that cause; `needs_republish()` (asked after it) asks for the
         current weights to be published again, for a generator replica that was restarted."""
@@ -69,7 +70,9 @@ class Coordinator:
         self.state = state or RunState()
         self.ack_timeout_s = ack_timeout_s
         self.on_group_started = on_group_started
-        self.buffer = GroupBuffer(group_size)
+        if batch_order not in ("completion", "submission"):
+            raise ValueError(f"batch_order: expected completion or submission, got {batch_order!r}")
+        self.buffer = GroupBuffer(group_size, ordered=batch_order == "submission")
         self.stop_requested = False
         self._regenerate = list(self.state.pending)
         self._episodes: set[asyncio.Task] = set()
@@ -173,8 +176,11 @@ class Coordinator:
 
     def _fresh_batch(self) -> list[GroupInfo] | None:
         """The next `groups_per_step` complete groups that pass the freshness filter, or None if not yet."""
-        while len(self.buffer.ready) >= self.gate.groups_per_step:
-            batch = self.buffer.take(self.gate.groups_per_step)
+        n = self.gate.groups_per_step
+        while len(self.buffer.ready) >= n:
+            batch = self.buffer.take_in_order(n) if self.buffer.started is not None else self.buffer.take(n)
+            if not batch:  # the next groups in start order are not all complete yet
+                return None
             stale = [g for g in batch if not all(self.gate.is_fresh(t.oldest_version(), self.state.version)
                                                  for t in g.samples)]
             for g in stale:
@@ -183,7 +189,7 @@ class Coordinator:
             fresh = [g for g in batch if g not in stale]
             if len(fresh) == len(batch):
                 return batch
-            self.buffer.ready.extendleft(reversed(fresh))
+            self.buffer.put_back(fresh)
         return None
 
     # -- the loop ---------------------------------------------------------------------------------------------

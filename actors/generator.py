@@ -235,7 +235,8 @@ class Generator(CollectiveWeights):
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p, logprobs=0,
+            max_tokens=max_tokens, min_tokens=min(request.min_tokens, max_tokens),
+            temperature=request.temperature, top_p=request.top_p, logprobs=0,
             stop_token_ids=list(request.stop_token_ids) or None, detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )

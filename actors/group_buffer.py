@@ -6,6 +6,8 @@ What must hold:
   discards the whole group, counted by reason; the group's later samples are then ignored as orphans.
 - A trajectory of a group this buffer never started (one from before a restart, or of a discarded group) is
   counted as an orphan and never trained on.
+- Batches are taken in completion order (`take`), or in the order the groups started (`take_in_order`: the
+  next n started groups, once all of them are complete; a discarded group leaves that order).
 - Only admitted work is trained: a trajectory is filed only under the exact id the coordinator issued for it
   (`<group>.a<attempt>.s<sample>`, sample < group_size), once, with its group's item and horizon and no more
   turns than that horizon. Anything else is refused and counted in `rejected` by reason (duplicate, mismatch).
@@ -13,6 +15,7 @@ What must hold:
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass, field
 
 from core.trajectory import Termination, Trajectory
@@ -38,8 +41,10 @@ class GroupInfo:
 
 
 class GroupBuffer:
-    def __init__(self, group_size: int):
+    def __init__(self, group_size: int, ordered: bool = False):
         self.group_size = group_size
+        # the groups started and not yet taken or discarded, in start order (kept only for take_in_order)
+        self.started: dict[str, None] | None = {} if ordered else None
         self.open: dict[str, GroupInfo] = {}
         self.ready: collections.deque[GroupInfo] = collections.deque()
         self.discarded: collections.Counter[str] = collections.Counter()
@@ -50,6 +55,8 @@ class GroupBuffer:
         if info.group_id in self.open:
             raise ValueError(f"group {info.group_id} started twice")
         self.open[info.group_id] = info
+        if self.started is not None:
+            self.started[info.group_id] = None
 
     def add(self, traj: Trajectory) -> str:
         """File a trajectory; returns "complete", "pending", "discarded", "orphan" or "rejected"."""
@@ -86,11 +93,40 @@ class GroupBuffer:
         """Drop an open group (e.g. a sample was lost); False if it was not open."""
         if self.open.pop(group_id, None) is None:
             return False
+        if self.started is not None:
+            self.started.pop(group_id, None)
         self.discarded[reason] += 1
         return True
 
     def take(self, n: int) -> list[GroupInfo]:
-        return [self.ready.popleft() for _ in range(min(n, len(self.ready)))]
+        """Up to n complete groups, the first to complete first."""
+        taken = [self.ready.popleft() for _ in range(min(n, len(self.ready)))]
+        if self.started is not None:
+            for info in taken:
+                self.started.pop(info.group_id, None)
+        return taken
+
+    def take_in_order(self, n: int) -> list[GroupInfo]:
+        """The next n groups in the order they started, once every one of them is complete; else []."""
+        if self.started is None:
+            raise RuntimeError("take_in_order needs a buffer made with ordered=True")
+        if len(self.ready) < n:
+            return []
+        head = list(itertools.islice(self.started, n))
+        complete = {info.group_id: info for info in self.ready}
+        if len(head) < n or not all(g in complete for g in head):
+            return []
+        taken = set(head)
+        self.ready = collections.deque(info for info in self.ready if info.group_id not in taken)
+        for group_id in head:
+            del self.started[group_id]
+        return [complete[g] for g in head]
+
+    def put_back(self, groups: list[GroupInfo]) -> None:
+        """Return taken groups to the front of the ready queue (and of the start order), in their order."""
+        self.ready.extendleft(reversed(groups))
+        if self.started is not None:
+            self.started = {**{g.group_id: None for g in groups}, **self.started}
 
     @property
     def in_flight(self) -> int:

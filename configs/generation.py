@@ -23,6 +23,10 @@ class RolloutConfig:
     """Samples per item (a GRPO/RLOO group)."""
     max_tokens_per_turn: int = spec(48, ge=1)
     """Sampling limit for one agent reply."""
+    min_tokens_per_turn: int = spec(0, ge=0)
+    """Each reply is at least this many tokens (vLLM's `min_tokens`: the end-of-turn token is held back until
+    then; capped by the room left in the context). 0: off. Equal to `max_tokens_per_turn` it fixes reply
+    lengths, which benchmarks use so that every mode trains the same tokens."""
     max_context_tokens: int = spec(2048, ge=16)
     """An episode ends (context_limit) when its next turn would not fit in this many tokens."""
     temperature: float = spec(1.0, ge=0)
@@ -33,6 +37,12 @@ class RolloutConfig:
     """Where the env's instruction goes: a system message, or AgentGym's first user turn answered `OK.`."""
     format_reward: float = spec(0.0, ge=0)
     """Small reward per turn whose action parsed as valid (0 disables it); helps small models find the format."""
+
+    def validate(self) -> list[tuple[str, str]]:
+        if self.min_tokens_per_turn > self.max_tokens_per_turn:
+            return [("min_tokens_per_turn", f"expected <= max_tokens_per_turn ({self.max_tokens_per_turn}), "
+                                            f"got {self.min_tokens_per_turn}")]
+        return []
 
 
 @dataclass

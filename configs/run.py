@@ -15,6 +15,11 @@ class TrainerConfig:
     max_staleness: int = spec(1, ge=0)
     """eta: a trajectory whose oldest sampled token is more than eta policy versions behind is not trained on,
     and generation never runs more than eta versions ahead. 0 is the synchronous mode."""
+    batch_order: str = spec("completion", choices=("completion", "submission"))
+    """Which complete groups make a batch: `completion`, the first to complete (no step waits for a straggler
+    beyond its batch); `submission`, the next `groups_per_step` in the order they started, whatever their
+    lengths (batches independent of timing, so runs with different eta train the same batches; a long episode
+    never goes stale, at the cost of waiting for it)."""
     seed: int = spec(0, ge=0)
     """Seed of the item sampler and everything the coordinator draws."""
     output_dir: str = spec("outputs/run")

@@ -17,6 +17,7 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0  # no end-of-turn or stop token before this many tokens (<= max_tokens)
     item_id: str = ""  # the episode's item and sample: a policy that samples nothing (the random baseline)
     sample_index: int = 0  # seeds itself from them; generators ignore both
 

@@ -49,6 +49,7 @@ class EpisodeSpec:
 class EpisodeLimits:
     max_tokens_per_turn: int = 48
     max_context_tokens: int = 2048
+    min_tokens_per_turn: int = 0  # the end-of-turn token is held back until a reply has this many tokens
     temperature: float = 1.0
     top_p: float = 1.0
     format_reward: float = 0.0  # added to a turn's reward when the env judged its action valid (not unknown)
@@ -104,6 +105,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             try:
                 gen = await policy.generate(GenerationRequest(
                     prompt_ids=list(b.tokens), max_tokens=min(limits.max_tokens_per_turn, room),
+                    min_tokens=min(limits.min_tokens_per_turn, limits.max_tokens_per_turn, room),
                     session_id=spec.trajectory_id, temperature=limits.temperature, top_p=limits.top_p,
                     item_id=spec.item_id, sample_index=spec.sample_index))
             except PolicyLost:  # its replica died (logged once by the policy client): regenerated, not trained

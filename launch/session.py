@@ -100,7 +100,7 @@ class TrainingSession:
             same_node=cfg.transport.same_node)
         limits = EpisodeLimits(
             max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_context_tokens=cfg.rollout.max_context_tokens,
-            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, format_reward=cfg.rollout.format_reward,
+            min_tokens_per_turn=cfg.rollout.min_tokens_per_turn, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, format_reward=cfg.rollout.format_reward,
             instruction_role=cfg.rollout.instruction_role)
         self.roles = Roles.start(cfg, model_dir, advertised(self.receiver.endpoints), limits,
                                  resume_learner=self.resume_from / "learner" if self.resume_from else None,
@@ -128,7 +128,7 @@ class TrainingSession:
             on_group_started=self._on_group_started, health=self.roles.health,
             needs_republish=self.roles.needs_republish,
             episode_watch=EpisodeWatch(cfg.env.failing_window, cfg.env.failing_frac),
-            max_trained_turns=cfg.trainer.max_trained_turns)
+            max_trained_turns=cfg.trainer.max_trained_turns, batch_order=cfg.trainer.batch_order)
         if self._stop:
             self.coordinator.stop_requested = True
         self.untrained, self.untrained_notes = self._untrained_rows()

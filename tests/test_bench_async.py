@@ -1,5 +1,6 @@
-"""The async benchmark's runs are valid configs that differ only in eta, and its summary reads the coordinator's
-metrics as documented (the benchmark itself runs three training jobs: too long for the suite)."""
+"""The async benchmark's runs are valid configs that differ only in what their mode names, its summary reads the
+coordinator's metrics as documented, and it refuses to compare runs that trained different tokens (the bench
+itself runs six training jobs: too long for the suite)."""
 from __future__ import annotations
 
 import importlib
@@ -9,18 +10,30 @@ import pytest
 from configs.load import load_config
 
 bench = importlib.import_module("launch.bench.async")
+ARGS = bench.argparse.Namespace(model="default", steps=9, groups=2, group_size=4, turns=3, tokens_per_turn=32,
+                                eta=4, lr=1e-9, cores="0,1")
 
 
-def test_the_three_runs_are_valid_configs_differing_only_in_eta(tmp_path):
-    args = bench.argparse.Namespace(model="default", steps=5, groups=2, group_size=4, turns=3, tokens_per_turn=32,
-                                    lr=1e-9, cores="0,1")
-    cfgs = {eta: load_config(None, bench.overrides(args, eta, tmp_path / "run")) for _, eta in bench.MODES}
-    assert [c.trainer.max_staleness for c in cfgs.values()] == [0, 1, 4]
-    assert cfgs[0].learner.cpu_cores == [1] and cfgs[0].generator.cpu_threads_bind == "0"
-    assert cfgs[0].generator.cpu_cores == cfgs[0].env.cpu_cores == [0]
-    assert cfgs[0].algorithm.rounds_ctrl.type == "fixed" and cfgs[0].algorithm.rounds_ctrl.rounds == 3
-    cfgs[4].trainer.max_staleness = 0
-    assert cfgs[4] == cfgs[0]
+def configs(workload, tmp_path):
+    return {m: load_config(None, bench.overrides(ARGS, m, workload, tmp_path / "run")) for m in bench.MODES}
+
+
+def test_the_runs_are_valid_configs_differing_only_in_their_mode(tmp_path):
+    cfgs = configs("fixed", tmp_path)
+    pinned, colocated, run_async = cfgs["sync_pinned"], cfgs["sync_colocated"], cfgs["async"]
+    assert [c.trainer.max_staleness for c in (colocated, pinned, run_async)] == [0, 0, 4]
+    assert pinned.learner.cpu_cores == [1] and pinned.generator.cpu_threads_bind == "0"
+    assert pinned.generator.cpu_cores == pinned.env.cpu_cores == [0]
+    assert colocated.generator.cpu_threads_bind == "0-1" and colocated.learner.cpu_cores == [0, 1]
+    assert colocated.learner.torch_threads == 2 and colocated.generator.cpu_cores == [0, 1]
+    for c in cfgs.values():  # the same work: fixed reply lengths, the same items, batches in start order
+        assert c.rollout.min_tokens_per_turn == c.rollout.max_tokens_per_turn == 32
+        assert c.trainer.batch_order == "submission" and c.env.mix == {"workload": 1}
+        assert c.algorithm.rounds_ctrl.type == "fixed" and c.algorithm.rounds_ctrl.rounds == 3
+    run_async.trainer.max_staleness = 0
+    assert run_async == pinned
+    tail = configs("longtail", tmp_path)["async"]
+    assert tail.env.options["workload"] == {"turns": 1, "long_tail": True} and tail.algorithm.rounds_ctrl.rounds == 16
 
 
 def test_summary_skips_the_first_step_and_splits_wait_from_training():
@@ -32,4 +45,24 @@ def test_summary_skips_the_first_step_and_splits_wait_from_training():
     got = bench.summarise(rows)
     assert got["step_s"] == pytest.approx(50.0) and got["wait_s"] == pytest.approx(20.0)
     assert got["train_s"] == pytest.approx(30.0) and got["stale_frac"] == pytest.approx(0.5)
-    assert got["s_per_ktok"] == pytest.approx(1000 * 50.0 / 800.0)
+    assert got["step_tokens"] == [800.0, 800.0]
+
+
+def test_token_check_and_ideals():
+    same = {"step_s": 10.0, "wait_s": 6.0, "train_s": 4.0, "step_tokens": [1000.0, 2000.0]}
+    results = {"sync_colocated": {**same, "step_s": 8.0}, "sync_pinned": same,
+               "async": {**same, "step_s": 5.0, "step_tokens": [1000.0, 2005.0]}}
+    gap, where = bench.token_mismatch(results)
+    assert gap == pytest.approx(5 / 2005) and "timed step 2" in where
+    results["async"]["step_tokens"] = [1000.0, 2100.0]
+    assert bench.token_mismatch(results)[0] > bench.TOKEN_TOLERANCE
+    got = bench.ratios("fixed", results)
+    assert got["async_over_sync_pinned_fixed"] == pytest.approx(2.0)
+    assert got["async_over_sync_pinned_fixed_ideal"] == pytest.approx(10 / 6)  # (G + T) / max(G, T)
+    assert got["async_over_sync_pinned_fixed_above_ideal"] is True
+    assert got["async_over_sync_colocated_fixed"] == pytest.approx(1.6)
+    assert got["async_over_sync_colocated_fixed_ideal"] == pytest.approx(8 / 6)
+    assert got["async_over_sync_colocated_fixed_learner_bound"] == pytest.approx(8 / 4)
+    without_pinned = bench.ratios("longtail", {k: v for k, v in results.items() if k != "sync_pinned"})
+    assert set(without_pinned) == {"async_over_sync_colocated_longtail",
+                                   "async_over_sync_colocated_longtail_learner_bound"}

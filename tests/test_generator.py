@@ -111,6 +111,20 @@ def test_sampled_tokens_carry_reference_logprobs_and_version(gen, ref, loop):
     assert max_diff(cold.logprobs, ref.logprobs(PROMPT + cold.token_ids, len(PROMPT), temperature=0.5)) < TOL
 
 
+def test_min_tokens_holds_back_stop_tokens_until_the_reply_is_long_enough(gen, ref, loop):
+    """Half the vocabulary as stop tokens: a reply stops within a few tokens, unless min_tokens holds them off."""
+    stops = list(range(0, ref.model.config.vocab_size, 2))
+    free = run(loop, gen.generate(GenerationRequest(PROMPT, max_tokens=24, session_id="s-free", stop_token_ids=stops)))
+    assert len(free.token_ids) < 24 and free.finish_reason == "stop"
+    held = run(loop, gen.generate(GenerationRequest(PROMPT, max_tokens=24, session_id="s-held", stop_token_ids=stops,
+                                                    min_tokens=24)))
+    assert len(held.token_ids) == 24 and held.finish_reason == "length"
+    assert not set(held.token_ids) & set(stops)
+    # min_tokens above max_tokens is capped at it, not refused
+    capped = run(loop, gen.generate(GenerationRequest(PROMPT, max_tokens=6, session_id="s-cap", min_tokens=50)))
+    assert len(capped.token_ids) == 6
+
+
 def test_weight_update_matches_pytorch_forward(gen, ref, loop):
     fixed = PROMPT + [77, 78, 79, 301, 302, 5, 6]
     before = run(loop, gen.score(fixed))

@@ -1,0 +1,88 @@
+"""Batches in completion order (the default) or in the order groups started (`trainer.batch_order=submission`):
+the coordinator's batch choice with groups that complete out of order, a discarded group, and a stale one."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from actors.coordinator import Coordinator
+from actors.group_buffer import GroupBuffer, GroupInfo
+from core.horizon import HorizonSchedule
+from core.sampler import ItemSampler
+from core.staleness import StalenessGate
+from launch.bench.samples import make_trajectory
+
+
+def group(n: int) -> GroupInfo:
+    return GroupInfo(f"g{n:07d}-babyai_{n}", f"babyai_{n}", horizon=5, started_step=0, started_version=0, draw=n)
+
+
+def complete(buf: GroupBuffer, info: GroupInfo, version: int = 0) -> None:
+    for i in range(buf.group_size):
+        traj = make_trajectory(num_tokens=40, num_turns=2, trajectory_id=info.trajectory_id(i), version=version)
+        traj = dataclasses.replace(traj, group_id=info.group_id, item_id=info.item_id, sample_index=i,
+                                   horizon=info.horizon)
+        buf.add(traj)
+
+
+def coordinator(order: str, eta: int = 4) -> Coordinator:
+    return Coordinator(
+        pools=None, learners=None, receiver=None, sampler=ItemSampler({"babyai": ["babyai_1"]}, {"babyai": 1.0}),
+        gate=StalenessGate(eta, 2), schedule=HorizonSchedule((5,)), group_size=2, total_steps=3, max_in_flight=8,
+        on_step=lambda *a: None, should_checkpoint=lambda s: False, save=lambda s: None, batch_order=order)
+
+
+@pytest.mark.parametrize("order", ["completion", "submission"])
+def test_groups_completing_out_of_order(order):
+    coord = coordinator(order)
+    groups = [group(n) for n in range(5)]
+    for g in groups:
+        coord.buffer.start(g)
+    for n in (3, 2):  # the later groups finish first (the earlier ones hold long episodes)
+        complete(coord.buffer, groups[n])
+    first = coord._fresh_batch()
+    if order == "completion":
+        assert [g.group_id for g in first] == [groups[3].group_id, groups[2].group_id]
+        return
+    assert first is None  # groups 0 and 1 started first and are still running
+    complete(coord.buffer, groups[1])
+    assert coord._fresh_batch() is None
+    complete(coord.buffer, groups[0])
+    assert [g.group_id for g in coord._fresh_batch()] == [groups[0].group_id, groups[1].group_id]
+    assert [g.group_id for g in coord._fresh_batch()] == [groups[2].group_id, groups[3].group_id]
+    assert coord._fresh_batch() is None and list(coord.buffer.started) == [groups[4].group_id]
+
+
+def test_a_discarded_group_leaves_the_start_order():
+    buf = GroupBuffer(group_size=2, ordered=True)
+    groups = [group(n) for n in range(3)]
+    for g in groups:
+        buf.start(g)
+    complete(buf, groups[2])
+    assert buf.take_in_order(1) == []
+    assert buf.discard(groups[0].group_id, "lost") and buf.take_in_order(1) == []
+    complete(buf, groups[1])
+    assert [g.group_id for g in buf.take_in_order(2)] == [groups[1].group_id, groups[2].group_id]
+    assert not buf.started and not buf.ready
+
+
+def test_a_stale_group_is_dropped_and_the_fresh_one_keeps_its_place():
+    coord = coordinator("submission", eta=0)
+    groups = [group(n) for n in range(3)]
+    for g in groups:
+        coord.buffer.start(g)
+    coord.state.version = 1
+    complete(coord.buffer, groups[0], version=0)  # sampled a version behind: stale at eta 0
+    complete(coord.buffer, groups[1], version=1)
+    assert coord._fresh_batch() is None  # the batch lost group 0; group 1 waits for group 2, in order
+    assert coord.buffer.discarded["stale"] == 1 and list(coord.buffer.started) == [g.group_id for g in groups[1:]]
+    complete(coord.buffer, groups[2], version=1)
+    assert [g.group_id for g in coord._fresh_batch()] == [groups[1].group_id, groups[2].group_id]
+
+
+def test_take_in_order_needs_an_ordered_buffer_and_the_coordinator_a_known_order():
+    with pytest.raises(RuntimeError, match="ordered=True"):
+        GroupBuffer(group_size=2).take_in_order(1)
+    with pytest.raises(ValueError, match="batch_order"):
+        coordinator("random")
