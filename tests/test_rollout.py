@@ -154,3 +154,31 @@ def test_episodes_do_not_wait_for_each_other(tiny_tokenizer):
     assert [t.num_turns for t in trajs] == [3, 6]
     assert fast.step_times[-1] < slow.step_times[1]  # all six fast turns before the slow one's second
     assert sorted(policy.ended) == ["fast", "slow"]
+
+
+class _Requests(_Recording):
+    """Records each request's token limits and prompt length."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.limits: list[tuple[int, int]] = []
+        self.prompts: list[int] = []
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.limits.append((request.min_tokens, request.max_tokens))
+        self.prompts.append(len(request.prompt_ids))
+        return await super().generate(request)
+
+
+def test_min_tokens_reach_the_policy_capped_by_the_room_left(tiny_tokenizer):
+    roomy = _Requests(tiny_tokenizer)
+    _run(_Env(done_after=2), roomy, tiny_tokenizer, max_tokens_per_turn=16, min_tokens_per_turn=16)
+    assert roomy.limits == [(16, 16), (16, 16)]
+    tight = _Requests(tiny_tokenizer)  # the first turn has 9 tokens of room (the closing tokens aside)
+    closing = len(ChatFormat(tiny_tokenizer).closing(False))
+    _run(_Env(done_after=2), tight, tiny_tokenizer, max_tokens_per_turn=16, min_tokens_per_turn=12,
+         max_context_tokens=roomy.prompts[0] + closing + 9)
+    assert tight.limits[0] == (9, 9)
+    unset = _Requests(tiny_tokenizer)
+    _run(_Env(done_after=2), unset, tiny_tokenizer, max_tokens_per_turn=16)
+    assert [lo for lo, _ in unset.limits] == [0, 0]

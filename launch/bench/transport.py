@@ -226,12 +226,14 @@ def main(argv: list[str]) -> int:
             lambda: zmq_trajectories(size, count, warmup=count // 10),
             lambda: zmq_trajectories(size, count, warmup=count // 10, curve="aes-gcm"),
             lambda: zmq_trajectories(size, count, warmup=count // 10, curve="curvezmq"), trials=args.trials)
-        local = statistics.median(zmq_trajectories(size, count, warmup=count // 10, same_node=True)
-                                  for _ in range(args.trials))
+        # The cold copy's rate swings with what else the host's memory serves (6 to 11 GB/s on this machine
+        # within minutes), so it is timed in turn with the path it is compared with, the median of each.
+        local, cold = paired(lambda: zmq_trajectories(size, count, warmup=count // 10, same_node=True),
+                             lambda: memcpy_cold(wire, count), trials=args.trials)
         times = {"zmq": local, "zmq tcp": plain, "zmq+curve": curve, "zmq+curvezmq": curvezmq,
                  "ray": ray_put_get(traj, count, warmup=count // 10),
                  "ray xproc": statistics.median(ray_xproc(size, count, warmup=count // 10) for _ in range(args.trials)),
-                 "memcpy": memcpy(wire, count), "memcpy cold": memcpy_cold(wire, count)}
+                 "memcpy": memcpy(wire, count), "memcpy cold": cold}
         for path, seconds in times.items():
             rows.append([f"trajectory {label}", path, count / seconds, wire * count / seconds / 1e9,
                          times["ray"] / times["zmq"] if path == "zmq" else "",
