@@ -4,8 +4,9 @@ What must hold:
 - Generation never waits for a full rollout round and training never waits for stragglers beyond the batch:
   episodes run as independent tasks on the env pools; a batch is the first `groups_per_step` groups to
   complete (or, with `batch_order="submission"`, the next groups in the order they started, once all are
-  complete: batches then do not depend on timing). The only couplings are the staleness gate (core.staleness: admission and the freshness filter)
-  and the horizon, `schedule.horizon_at(step)`, fixed for each group when it starts.
+  complete: batches then do not depend on timing). The only couplings are the staleness gate
+  (core.staleness: admission and the freshness filter) and the horizon, `schedule.horizon_at(step)`, fixed
+  for each group when it starts.
 - eta = 0 is the synchronous mode with the same code: one batch is admitted per policy version, so generation
   is idle while the learner trains.
 - Ids: group `g<counter>-<item>`, trajectory `<group>.a<incarnation>.s<sample>`; the incarnation counts
@@ -328,8 +329,11 @@ class Coordinator:
 
     def snapshot(self) -> RunState:
         """The state to checkpoint now: groups in flight or waiting are regenerated after a resume."""
-        pending = [{"group_id": g.group_id, "item_id": g.item_id, "draw": g.draw}
-                   for g in list(self.buffer.open.values()) + list(self.buffer.ready)]
+        groups = list(self.buffer.open.values()) + list(self.buffer.ready)
+        if self.buffer.started is not None:  # batches in start order: regenerated in that order too
+            position = {group_id: i for i, group_id in enumerate(self.buffer.started)}
+            groups.sort(key=lambda g: position.get(g.group_id, len(position)))
+        pending = [{"group_id": g.group_id, "item_id": g.item_id, "draw": g.draw} for g in groups]
         pending += [p for p in self._regenerate if p["group_id"] not in {q["group_id"] for q in pending}]
         self.state.pending = pending
         self.state.counters = {"gate_started": float(self.gate.started), "orphans": float(self.buffer.orphans),

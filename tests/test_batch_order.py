@@ -86,3 +86,13 @@ def test_take_in_order_needs_an_ordered_buffer_and_the_coordinator_a_known_order
         GroupBuffer(group_size=2).take_in_order(1)
     with pytest.raises(ValueError, match="batch_order"):
         coordinator("random")
+
+
+def test_a_checkpoint_keeps_the_start_order_of_pending_groups():
+    coord = coordinator("submission")
+    groups = [group(n) for n in range(4)]
+    for g in groups:
+        coord.buffer.start(g)
+    complete(coord.buffer, groups[2])  # complete (ready) before the groups started ahead of it
+    pending = [p["group_id"] for p in coord.snapshot().pending]
+    assert pending == [g.group_id for g in groups]

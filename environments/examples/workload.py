@@ -13,9 +13,9 @@ the same items train the same tokens. Registered like any family of your own:
 What must hold: `reset` is deterministic in the item id; the episode ends (done) exactly at its item's turn
 count, never earlier, and never because of the reply: every reply is a turn. A reply with any word in it is a
 valid action; an empty one is judged invalid (`valid_action` False) but still counts as its turn, which is
-where this family departs from the env contract (a fixed workload must not depend on what the model wrote). The reward at the
-last turn is the reply's share of distinct words (in [0, 1]), so that a group's rewards differ and the
-learner's update is a real one. Steps are pure computation (`inline`).
+where this family departs from the env contract (a fixed workload must not depend on what the model wrote).
+The reward at the last turn is the reply's share of distinct words (in [0, 1]), so that a group's rewards
+differ and the learner's update is a real one. Steps are pure computation (`inline`).
 """
 from __future__ import annotations
 
@@ -75,7 +75,12 @@ def make_env(options: Mapping[str, Any]):
         raise ValueError(f"env.options.workload: unknown option(s) {', '.join(unknown)}; known: "
                          f"{', '.join(OPTIONS)}")
     given = {**OPTIONS, **options}
-    return run_sync_env(WorkloadEnv(int(given["turns"]), bool(given["long_tail"])))
+    turns, long_tail = given["turns"], given["long_tail"]
+    if not isinstance(turns, int) or isinstance(turns, bool):
+        raise ValueError(f"env.options.workload.turns: expected an int, got {turns!r}")
+    if not isinstance(long_tail, bool):
+        raise ValueError(f"env.options.workload.long_tail: expected true or false, got {long_tail!r}")
+    return run_sync_env(WorkloadEnv(turns, long_tail))
 
 
 FAMILY = Family(
