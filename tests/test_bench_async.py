@@ -24,7 +24,7 @@ def test_the_runs_are_valid_configs_differing_only_in_their_mode(tmp_path):
     assert [c.trainer.max_staleness for c in (colocated, pinned, run_async)] == [0, 0, 4]
     assert pinned.learner.cpu_cores == [1] and pinned.generator.cpu_threads_bind == "0"
     assert pinned.generator.cpu_cores == pinned.env.cpu_cores == [0]
-    assert colocated.generator.cpu_threads_bind == "0-1" and colocated.learner.cpu_cores == [0, 1]
+    assert colocated.generator.cpu_threads_bind == "0,1" and colocated.learner.cpu_cores == [0, 1]
     assert colocated.learner.torch_threads == 2 and colocated.generator.cpu_cores == [0, 1]
     for c in cfgs.values():  # the same work: fixed reply lengths, the same items, batches in start order
         assert c.rollout.min_tokens_per_turn == c.rollout.max_tokens_per_turn == 32

@@ -59,8 +59,7 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> 
     turns = 1 if long_tail else args.turns
     horizon = 16 if long_tail else args.turns  # the tail's longest episode
     if mode == "sync_colocated":
-        cores = [f"generator.cpu_threads_bind={gen_core}-{learner_core}" if int(learner_core) == int(gen_core) + 1
-                 else f"generator.cpu_threads_bind={both}",
+        cores = [f"generator.cpu_threads_bind={both}",  # vLLM reads "0,1" as it reads "0-1"
                  f"generator.cpu_cores=[{both}]", f"env.cpu_cores=[{both}]", f"learner.cpu_cores=[{both}]",
                  "learner.torch_threads=2"]
     else:
