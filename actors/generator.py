@@ -44,7 +44,7 @@ from actors.session_slots import SessionSlots
 from actors.update_gate import ENGINE_PAUSE_MODE, UpdateGate
 from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
 from configs.generation import GeneratorConfig
-from core.cpu_affinity import pin_to_cores
+from core.cpu_affinity import keep_freed_memory, pin_to_cores
 from core.models import checkpoint_tensors, tensor_set_mismatch
 from core.curve import CurveClient
 from core.policy import GenerationRequest, GenerationResult
@@ -82,6 +82,8 @@ class Generator(CollectiveWeights):
         self._wait_for_weights = wait_for_weights
         self._weights_applied = asyncio.Event()
         self.name = name
+        if cfg.device == "cpu" and cfg.cpu_keep_freed_memory and not keep_freed_memory():  # before the engine
+            log.warning("%s: generator.cpu_keep_freed_memory has no effect here (not glibc)", name)
         self.model_path = str(model_path)
         self.max_model_len = max_model_len
         self.version = initial_version
@@ -357,9 +359,23 @@ class Generator(CollectiveWeights):
             raise
         async with self._update_lock:
             t0 = time.monotonic()
-            path, index = await asyncio.to_thread(self._staging.write, tensors)  # requests still flow meanwhile
-            await self._swap(weights.version, mode, "agentgym_load_weights", (path, index), t0, time.monotonic())
+            if weights.shelf is not None:  # the learner's shared memory, on this node: the engine reads it there
+                path, index = self._shelf_index(weights)
+            else:
+                path, index = await asyncio.to_thread(self._staging.write, tensors)  # requests still flow meanwhile
+            direct = self.cfg.weights_load == "direct"
+            await self._swap(weights.version, mode, "agentgym_load_weights", (path, index, direct), t0, time.monotonic())
         return self._applied(weights.version, mode, started)
+
+    def _shelf_index(self, weights: WeightSet) -> tuple[str, list]:
+        """A shelved version's file and index, with lm_head.weight pointing at the embedding for tied models."""
+        path, index = weights.shelf
+        names = {entry[0] for entry in index}
+        if self._tied and "lm_head.weight" not in names:
+            embed = next((e for e in index if e[0] == "model.embed_tokens.weight"), None)
+            if embed is not None:
+                index = [*index, ["lm_head.weight", *embed[1:]]]
+        return path, index
 
     async def _swap(self, version: int, mode: str, method: str, args: tuple, t0: float, t1: float) -> None:
         """With the engine paused, run the worker's `method(*args)` (it loads the weights), then stamp `version`."""
@@ -419,7 +435,7 @@ class Generator(CollectiveWeights):
             # Its sockets are used by this thread only. A version can only hold this model's tensors.
             subscriber = WeightSubscriber(endpoint, name=self.name, curve=curve,
                                           expected={n: shape for n, (_, shape) in self._expected_sent.items()},
-                                          relay_host=relay[0], relay_advertise=relay[1])
+                                          relay_host=relay[0], relay_advertise=relay[1], shm=True)
             ready.set()
             while not self._stop.is_set():
                 weights = subscriber.poll(200)

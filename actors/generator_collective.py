@@ -36,12 +36,13 @@ class CollectiveWeights:
                 shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
             problem = tensor_set_mismatch(shapes, self._expected_sent)
             if problem:
-                await self.engine.collective_rpc("agentgym_receive_weights", args=(raw, [], False))
+                await self.engine.collective_rpc("agentgym_receive_weights", args=(raw, [], False, False))
         if problem:
             self.stats.update_failures += 1
             raise WeightUpdateError(f"{self.name}: weights version refused: {problem}")
         async with self._update_lock:
-            await self._swap(ann.version, mode, "agentgym_receive_weights", (raw, aliases, True), started, started)
+            await self._swap(ann.version, mode, "agentgym_receive_weights",
+                             (raw, aliases, True, self.cfg.weights_load == "direct"), started, started)
         return self._applied(ann.version, mode, started)
 
     async def join_weights_group(self, endpoint: str, rank_offset: int, world_size: int,

@@ -58,6 +58,7 @@ class PublisherOptions:
     sync: str = "zmq"  # zmq, or collective (actors.collective_publisher)
     workers_per_replica: int = 1  # collective: each replica's vLLM workers (its tensor-parallel size on GPU)
     timeout_s: float = 300.0  # collective: how long a member may take its part in a transfer
+    shm: bool = True  # zmq: same-node subscribers read versions from shared memory (core.weights_shm)
 
 
 class Learner:
@@ -149,7 +150,7 @@ class Learner:
             p = publisher
             self.publisher = WeightPublisher(p.host, p.port, chunk_bytes=p.chunk_bytes, curve=p.curve,
                                              expected=p.subscribers, stall_timeout_s=p.stall_timeout_s,
-                                             fanout=p.fanout)
+                                             fanout=p.fanout, shm=p.shm)
         n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in scorer.parameters())
         return {"rank": self.rank, "parameters": n_params, "weights_endpoint": self.weights_endpoint()}
 

@@ -7,17 +7,17 @@ decoded; writing them once into a memory-mapped staging file and passing only it
 0.9 s, most of it vLLM's own reload. Tensors themselves do not survive `collective_rpc` serialization.
 
 What must hold:
-- `WeightStaging.write` lays every tensor out at an aligned offset in one file and returns the index
-  (name, dtype, shape, offset, nbytes); the file is reused across versions so its pages stay allocated, and
-  it is unlinked as soon as it exists (the engine opens it through /proc), so no exit leaves it behind.
+- The file is a `core.weights_shm.WeightStaging` (the generator's staging file) or a slot of the learner's
+  shelf, when the learner shares this node (transport.weights_shm): then nothing is copied before the engine.
 - `WeightLoadExtension` is mixed into vLLM's worker class (`worker_extension_cls`); its
-  `agentgym_load_weights(path, index)` maps the file, views each tensor without copying, and hands them to the
-  worker's `reload_weights` (vLLM re-runs its per-layer processing, e.g. the CPU GEMM weight packing). The model
-  must end up owning copies: a parameter that still points into the staging file would change under the next
+  `agentgym_load_weights(path, index, direct)` maps the file, views each tensor without copying, and loads them
+  by replaying the first version's loader calls (`actors.vllm_direct.DirectLoader`, generator.weights_load=
+  direct) or through the worker's `reload_weights` (vLLM rebuilds and re-processes every layer). The model
+  must end up owning copies: a parameter that still points into the file would change under the next
   version's write, so that is checked and refused.
 - `agentgym_join_weights_group` / `agentgym_receive_weights` are the worker's end of the collective weight path
   (actors.weights_collective): the worker joins the weights group once, then receives each announced version
-  by broadcast (or CUDA IPC) into tensors of the engine's dtype and reloads them the same way.
+  by broadcast (or CUDA IPC) into tensors of the engine's dtype and loads them the same way (direct or reload).
 - Checkpoint names and shapes are what a learner sends (q_proj, k_proj, ... as in the Hugging Face
   checkpoint, not vLLM's fused qkv_proj). For tied embeddings vLLM keeps a separate output layer that a
   reload without `lm_head.weight` leaves stale (measured: logprobs off by 0.6 while embeddings moved), so the
@@ -26,16 +26,10 @@ What must hold:
 from __future__ import annotations
 
 import logging
-import math
-import mmap
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
-from core.weights_channel import TensorBytes, byte_view
+from core.weights_shm import WeightStaging, staged_nbytes  # noqa: F401 (the generator's staging file)
 
-ALIGN = 64
 WORKER_EXTENSION = "actors.vllm_weights.WeightLoadExtension"
 
 
@@ -53,92 +47,12 @@ class _RotaryReloadNotice(logging.Filter):
 logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNotice())
 
 
-def _aligned(nbytes: int) -> int:
-    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
-
-
-def staged_nbytes(tensors: dict[str, tuple[str, tuple[int, ...]]], itemsize: int = 4) -> int:
-    """Staging bytes for a weight set of these tensors sent with `itemsize`-byte elements (aligned)."""
-    return sum(_aligned(itemsize * math.prod(shape)) for _, shape in tensors.values())
-
-
-def default_staging_dir(nbytes: int) -> Path:
-    """/dev/shm when it exists and has room for `nbytes` (with a margin), else the system temp folder."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * nbytes:
-        return shm
-    return Path(tempfile.gettempdir())
-
-
-class WeightStaging:
-    """The generator's side: one staging file, written once per version."""
-
-    def __init__(self, directory: str = "", name: str = "generator"):
-        self.directory = directory
-        self.name = name
-        self.path: Path | None = None
-        self._file = None
-        self._map: mmap.mmap | None = None
-        self._unlink = False
-
-    def reserve(self, nbytes: int) -> None:
-        """Create the file now and touch every page, so the first version is copied at memcpy speed."""
-        self._ensure(nbytes)
-        assert self._map is not None
-        block = bytes(1 << 20)
-        for off in range(0, len(self._map), len(block)):
-            n = min(len(block), len(self._map) - off)
-            self._map[off:off + n] = block[:n]
-
-    def write(self, tensors: list[TensorBytes]) -> tuple[str, list[tuple[str, str, list[int], int, int]]]:
-        """Copy `tensors` into the staging file; returns (path, index) for `agentgym_load_weights`."""
-        index, offset = [], 0
-        for t in tensors:
-            n = byte_view(t.data).nbytes
-            index.append((t.name, t.dtype, list(t.shape), offset, n))
-            offset += _aligned(n)
-        self._ensure(max(offset, ALIGN))
-        assert self._map is not None
-        for t, (_, _, _, off, n) in zip(tensors, index):
-            self._map[off:off + n] = byte_view(t.data)
-        return str(self.path), index
-
-    def _ensure(self, size: int) -> None:
-        size = _aligned(size)
-        if self._map is not None and len(self._map) >= size:
-            return
-        self.close()
-        directory = Path(self.directory) if self.directory else default_staging_dir(size)
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, path = tempfile.mkstemp(prefix=f"agentgym-weights-{self.name}-", dir=directory)
-        os.ftruncate(fd, size)
-        self._file = os.fdopen(fd, "r+b")
-        self._map = mmap.mmap(self._file.fileno(), size)
-        proc_path = Path(f"/proc/{os.getpid()}/fd/{fd}")
-        if proc_path.exists():
-            # Unlinked at once and reached through /proc by the engine (same machine, same user): the memory
-            # goes back when this process ends, however it ends (a killed actor leaves nothing in /dev/shm).
-            os.unlink(path)
-            self.path, self._unlink = proc_path, False
-        else:
-            self.path, self._unlink = Path(path), True
-
-    def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self.path is not None and self._unlink:
-            self.path.unlink(missing_ok=True)
-        self.path = None
-
-
 class WeightLoadExtension:
     """Methods mixed into vLLM's worker; called through `collective_rpc` by method name."""
 
-    def agentgym_load_weights(self, path: str, index: list) -> int:
+    def agentgym_load_weights(self, path: str, index: list, direct: bool = True) -> int:
+        """Load the tensors `index` places in the file at `path`: replayed by `DirectLoader` when `direct` (and
+        the model allows it), else through vLLM's `reload_weights`."""
         import torch
 
         size = os.path.getsize(path)
@@ -148,13 +62,41 @@ class WeightLoadExtension:
         for name, dtype, shape, offset, nbytes in index:
             raw = whole[offset:offset + nbytes]
             weights.append((name, raw.view(getattr(torch, dtype)).view(tuple(shape))))
-        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        self._agentgym_load(weights, direct)
         lo, hi = whole.data_ptr(), whole.data_ptr() + size
         model = self.model_runner.get_model()
         for pname, param in list(model.named_parameters()) + list(model.named_buffers()):
             if param.device.type == "cpu" and param.numel() and lo <= param.data_ptr() < hi:
                 raise RuntimeError(f"{pname} still points into the staging file after the reload")
         return len(weights)
+
+    def agentgym_weights_load_mode(self) -> str:
+        """`direct` once a version was loaded by replay, `reload` once the direct path was found unsupported,
+        `none` before the first direct load."""
+        loader = getattr(self, "_agentgym_direct", None)
+        return "none" if loader is None else ("direct" if loader and loader.calls is not None else "reload")
+
+    def _agentgym_load(self, weights: list, direct: bool) -> None:
+        from actors.vllm_direct import DirectLoader, DirectLoadUnsupported
+
+        loader = getattr(self, "_agentgym_direct", None)
+        if direct and loader is None:
+            model = self.model_runner.get_model()
+            try:
+                loader = DirectLoader(model, self.model_config.quantization)
+            except DirectLoadUnsupported as exc:
+                loader = False
+                logging.getLogger("agentgym.generator").warning("direct weight load off: %s", exc)
+            self._agentgym_direct = loader
+        if direct and loader:
+            try:
+                loader.load(weights)
+                return
+            except DirectLoadUnsupported as exc:  # found while recording, by the model's own load_weights;
+                # loaded once more through vLLM's reload, the path every later version takes
+                self._agentgym_direct = False
+                logging.getLogger("agentgym.generator").warning("direct weight load off: %s", exc)
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
     def agentgym_join_weights_group(self, host: str, port: int, rank_offset: int, world_size: int,
                                     timeout_s: float) -> dict:
@@ -167,7 +109,8 @@ class WeightLoadExtension:
         self._agentgym_group = group
         return {"rank": group.rank, "backend": group.backend_name, "ipc": group.ipc}
 
-    def agentgym_receive_weights(self, announcement: bytes, extra_aliases: list, load: bool) -> int:
+    def agentgym_receive_weights(self, announcement: bytes, extra_aliases: list, load: bool,
+                                 direct: bool = True) -> int:
         """Take part in one announced version; reload it unless `load` is false (a refused version is received
         and dropped, so the group's sequence stays whole). `extra_aliases`: [[name, source name]] to add."""
         from actors.weights_collective import Announcement, receive
@@ -181,5 +124,5 @@ class WeightLoadExtension:
         weights += [(name, have[src]) for name, src in extra_aliases if name not in have and src in have]
         if not load:
             return 0
-        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        self._agentgym_load(weights, direct)
         return len(weights)

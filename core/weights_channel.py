@@ -5,6 +5,8 @@ Protocol (every control payload is msgpack, core.weights_control; tensor bytes t
   publisher -> subscriber  [b"C", header, part_0, ..., part_k]     one chunk of version `header.version`
   subscriber -> publisher  [b"A", {"version", "ok", "error"}]       ack after the caller applied the version
   subscriber -> publisher  [b"P", {...}], publisher -> it [b"L", {...}]   relay progress and links
+  publisher -> subscriber  [b"M", {"path"}], subscriber -> it [b"M", {"token"}]   same-node probe (shm=True)
+  publisher -> subscriber  [b"S", {"version", "path", "index"}]      a version on the shelf (core.weights_shm)
 
 Fan-out: `star` sends every chunk to every subscriber; `relay` (core.weights_relay) sends each chunk once, to
 the head of a chain of subscribers, each forwarding it to the next, so the publisher's cost does not grow with
@@ -54,6 +56,7 @@ class TensorBytes:
 class WeightSet:
     version: int
     tensors: dict[str, TensorBytes]
+    shelf: tuple[str, list] | None = None  # (path, index) of a version read from the learner's shared memory
 
     @property
     def nbytes(self) -> int:
@@ -115,7 +118,9 @@ class WeightPublisher:
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, chunk_bytes: int = 4 << 20,
                  hwm: int = 8, ctx: zmq.Context | None = None, curve: CurveServer | None = None,
-                 expected: Iterable[str] | None = None, stall_timeout_s: float = 30.0, fanout: str = "star"):
+                 expected: Iterable[str] | None = None, stall_timeout_s: float = 30.0, fanout: str = "star",
+                 shm: bool = False):
+        """`shm`: serve subscribers on this node through shared memory (core.weights_shm) once they prove it."""
         # Chunks stay well under glibc's 32 MB mmap threshold, so the receiver's per-message buffers are
         # recycled from the heap instead of being mapped (and page-faulted) afresh for every chunk.
         # Weights go out zero-copy: an own context, terminated on close, outlives every queued frame.
@@ -156,6 +161,12 @@ class WeightPublisher:
         self.stalled: dict[int, dict[str, str]] = {}
         self.published = -1
         self.drops = DropLog("weights control message", log)
+        from core.weights_shm import Shelf
+
+        self.shelf = Shelf() if shm else None
+        self.same_node: set[str] = set()  # subscribers that proved they read this process's shared memory
+        self.acked: dict[str, int] = {}  # subscriber -> the latest version it acked
+        self.shelved: frozenset[str] = frozenset()  # subscribers served by the shelf in the current version
 
     # -- control messages -------------------------------------------------------------------------------------
 
@@ -176,6 +187,8 @@ class WeightPublisher:
                 self._hello(routing, user, body)
             elif kind == b"A":
                 self._ack(routing, user, body)
+            elif kind == b"M":
+                self._same_node(routing, user, body)
             else:
                 self._progress(routing, user, body)
         except WireError as exc:
@@ -200,9 +213,16 @@ class WeightPublisher:
         self.links.pop(name, None)  # a new connection has no link yet
         self.progress.pop(name, None)
         self.heard[name] = time.monotonic()
+        self.same_node.discard(name)
+        self.acked.pop(name, None)
         if self.seal is not None:  # its chunk key, before any chunk: sent on the same connection
             self._keys_owed[routing] = name
             self._send_keys()
+        if self.shelf is not None and body.get("shm") is True:
+            try:
+                self.send_to(routing, name, [b"M", msgpack.packb(self.shelf.offer())])
+            except zmq.ZMQError:  # a full queue: this subscriber is served over TCP
+                pass
 
     def _send_keys(self) -> None:
         for routing, name in list(self._keys_owed.items()):
@@ -241,6 +261,13 @@ class WeightPublisher:
             raise WireError("version", f"ack for version {version}, latest published is {self.published}")
         ok, error = field(body, "ok", bool), field(body, "error", str)
         self.acks.setdefault(version, {})[name] = (ok, error[:1000])
+        self.acked[name] = max(self.acked.get(name, -1), version)
+
+    def _same_node(self, routing: bytes, user: str, body: dict) -> None:
+        name = self._registered(routing, user, "probe")
+        if self.shelf is not None and self.shelf.admits(field(body, "token", str)):
+            self.same_node.add(name)
+            log.info("weights publisher: %s reads this node's shared memory; it gets versions from there", name)
 
     def _progress(self, routing: bytes, user: str, body: dict) -> None:
         name = self._registered(routing, user, "progress")
@@ -276,7 +303,11 @@ class WeightPublisher:
         for old in [v for v in self.acks if v < version - 4]:  # bounded bookkeeping
             self.acks.pop(old, None)
             self.stalled.pop(old, None)
-        chunks = list(_chunks(list(tensors), self.chunk_bytes))
+        tensors = list(tensors)
+        self.shelved = self._shelve(version, tensors)
+        if self.shelved and self.shelved.issuperset(self.peers.values()):
+            return sum(byte_view(t.data).nbytes for t in tensors)
+        chunks = list(_chunks(tensors, self.chunk_bytes))
         messages = []
         for seq, chunk in enumerate(chunks):
             header = msgpack.packb({
@@ -295,9 +326,37 @@ class WeightPublisher:
             self._fan_out(version, messages)
         return sum(len(v) for chunk in chunks for _, _, v in chunk)
 
+    def _shelve(self, version: int, tensors: list[TensorBytes]) -> frozenset[str]:
+        """Put `version` on the shelf for the same-node subscribers; the names it was announced to."""
+        names = frozenset(n for n in self.peers.values() if n in self.same_node)
+        if self.shelf is None or not names:
+            return frozenset()
+        live = set(self.peers.values())
+
+        def released(held: int, readers: frozenset[str]) -> bool:
+            skipped = self.stalled.get(held, {})
+            return all(self.acked.get(n, -1) >= held or n not in live or n in skipped for n in readers)
+
+        placed = self.shelf.put(version, tensors, names, released)
+        if placed is None:
+            log.info("weights publisher: no shelf slot free (a generator still loads an older version); "
+                     "version %d goes over TCP", version)
+            return frozenset()
+        path, index = placed
+        message = [b"S", msgpack.packb({"version": version, "path": path, "index": index})]
+        sent = set()
+        for routing, name in list(self.peers.items()):
+            if name in names:
+                try:
+                    self.send_to(routing, name, message)
+                    sent.add(name)
+                except zmq.ZMQError:  # a full or vanished peer: chunks over TCP instead (or nothing)
+                    pass
+        return frozenset(sent)
+
     def _fan_out(self, version: int, messages: list[list]) -> None:
         now = time.monotonic()
-        cursor = {peer: 0 for peer in self.peers}
+        cursor = {peer: 0 for peer, name in self.peers.items() if name not in self.shelved}
         progress = {peer: now for peer in self.peers}
         while cursor:
             moved = False
@@ -348,6 +407,8 @@ class WeightPublisher:
             self.poll(50)
 
     def close(self, linger_ms: int = 0) -> None:
+        if self.shelf is not None:
+            self.shelf.close()
         self._sock.close(linger_ms)
         if self._own_ctx:
             release_handler(self._ctx)

@@ -21,7 +21,7 @@ MAX_CONTROL_BYTES = 64 << 10  # hellos, acks, progress reports and links are a f
 MAX_VERSION = (1 << 62) - 1
 MAX_ENDPOINT = 256
 KEY_CHARS = 40  # a Z85-encoded CURVE public key
-CONTROL_KINDS = (b"H", b"A", b"P")
+CONTROL_KINDS = (b"H", b"A", b"P", b"M")
 
 
 def unpack_map(buf) -> dict:

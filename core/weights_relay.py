@@ -38,7 +38,7 @@ class RelayFanout:
         self.pub, self.version, self.messages = pub, version, messages
         self.n = len(messages)
         self.start = time.monotonic()
-        names = list(dict.fromkeys(pub.peers.values()))
+        names = [n for n in dict.fromkeys(pub.peers.values()) if n not in pub.shelved]
         relays = [n for n in names if pub.relays.get(n)]
         self.chain = [n for n in relays if n not in pub.suspects] + [n for n in relays if n in pub.suspects]
         self.prev = {b: a for a, b in zip(self.chain, self.chain[1:])}

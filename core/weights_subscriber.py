@@ -34,7 +34,7 @@ from core.trajectory import WireError
 from core.transport import DropLog
 from core.weights_assembly import Assembly, parse_chunk_header
 from core.weights_channel import MAX_CONTROL_BYTES, WeightSet
-from core.weights_control import parse_link, progress_message
+from core.weights_control import parse_link, progress_message, unpack_map
 from core.weights_forward import Forwarder
 from core.weights_seal import OpenChunk, SubscriberSeal, is_chunk
 
@@ -54,9 +54,10 @@ class WeightSubscriber:
     def __init__(self, endpoint: str, name: str | None = None, ctx: zmq.Context | None = None,
                  curve: CurveClient | None = None, expected: dict[str, tuple[int, ...]] | None = None,
                  max_total_bytes: int = 0, max_chunk_bytes: int = 1 << 30, relay_host: str | None = None,
-                 relay_advertise: str = "", heartbeat_s: float = 0.25):
+                 relay_advertise: str = "", heartbeat_s: float = 0.25, shm: bool = False):
         """`relay_host`: bind a forwarding socket there and take part in a relay chain (None: receive only from
-        the publisher); `relay_advertise`: the address others reach it at when `relay_host` is a wildcard."""
+        the publisher); `relay_advertise`: the address others reach it at when `relay_host` is a wildcard.
+        `shm`: take versions from the publisher's shared memory when it is on this node (core.weights_shm)."""
         # A relay subscriber forwards frames zero-copy and serves CURVE: its own context (and ZAP handler).
         self._own_ctx = ctx is None and relay_host is not None
         self._ctx = zmq.Context() if self._own_ctx else (ctx or zmq.Context.instance())
@@ -81,7 +82,10 @@ class WeightSubscriber:
             self.relay = Forwarder(self._ctx, self.name, relay_host, curve.keys if curve_sockets else None,
                                    max(max_chunk_bytes, MAX_CONTROL_BYTES), advertise=relay_advertise)
         self._sock.connect(endpoint)
-        hello = {"name": self.name, **({"relay": self.relay.endpoint} if self.relay is not None else {})}
+        hello = {"name": self.name, **({"relay": self.relay.endpoint} if self.relay is not None else {}),
+                 **({"shm": True} if shm else {})}
+        self.shm = shm
+        self.shelved = 0  # versions taken from the publisher's shared memory
         self._send([b"H", msgpack.packb(hello)])
         self._assembly: Assembly | None = None
         # One buffer set: the version handed out stays untouched until the next `poll`, which lends its buffers
@@ -151,6 +155,12 @@ class WeightSubscriber:
             return
         if frames and bytes(frames[0][:2]) == b"K" and self.seal is not None:
             return  # the chunk key, learned in `_open`
+        if frames and bytes(frames[0][:2]) in (b"M", b"S") and source == "the publisher" and self.shm:
+            try:
+                self._same_node(frames)
+            except WireError as exc:
+                self.drops.drop(f"{source} (at {self.name})", exc.field, str(exc))
+            return
         try:
             done = self._accept(frames, chunk)
         except SealError as exc:  # a forged part: refused, the assembly untouched
@@ -184,6 +194,29 @@ class WeightSubscriber:
                 self._receive(self._sock.recv_multipart(copy=False), "the publisher")
         chunk = self.seal.chunks.open(frames)
         return [b"C", chunk.header] + frames[2:], chunk
+
+    def _same_node(self, frames: list) -> None:
+        """The publisher's probe (answered with the token read from its memory) or a version on its shelf."""
+        from core.weights_shm import parse_shelved, read_probe, unpack_shelved
+
+        if len(frames) != 2:
+            raise WireError("frames", f"expected 2 frames, got {len(frames)}")
+        if bytes(frames[0]) == b"M":
+            path = unpack_map(frames[1]).get("path")
+            token = read_probe(path) if isinstance(path, str) and path.startswith("/") else b""
+            if token:
+                self._send([b"M", msgpack.packb({"token": token.hex()})])
+            return
+        shelved = parse_shelved(unpack_shelved(frames[1]), self.expected, self.max_total_bytes)
+        if shelved.version <= self.latest_version:
+            return
+        if self._assembly is not None and self._assembly.version < shelved.version:
+            self.abandoned += 1  # superseded over TCP: its buffers go back to the spares
+            self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
+            self._assembly = None
+        self._ready, self._ready_buffers = shelved, {}
+        self.latest_version = shelved.version
+        self.shelved += 1
 
     def _link(self, frames: list) -> None:
         link = parse_link(frames)

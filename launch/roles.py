@@ -149,7 +149,7 @@ class Roles:
                                     weights_subscribers=replicas, weights_stall_timeout_s=t.weights_stall_timeout_s,
                                     log_dir=log_dir, weights_fanout=t.weights_fanout, weights_sync=t.weights_sync,
                                     weights_workers_per_replica=workers_per_replica(cfg.generator),
-                                    weights_timeout_s=t.weights_ack_timeout_s)
+                                    weights_timeout_s=t.weights_ack_timeout_s, weights_shm=t.weights_shm)
             if pools is None:
                 policy, pools = launch_rest()
             if resume_learner is not None:

@@ -150,19 +150,30 @@ def weight_sync(publisher, handle, model_dir: Path, reps: int) -> dict[str, floa
     tensors = [TensorBytes(k, "float32", tuple(v.shape), np.ascontiguousarray(v, np.float32).data)
                for k, v in state.items()]
     nbytes = sum(t.data.nbytes for t in tensors)
-    base = ray.get(handle.get_stats.remote())["version"]
-    sync, apply, stages = [], [], []
+    version = ray.get(handle.get_stats.remote())["version"]
+    deadline = time.monotonic() + 30
+    while not publisher.same_node and time.monotonic() < deadline:
+        publisher.poll(20)
+    near = set(publisher.same_node)  # the replica, once it proved it reads this process's shared memory
+    paths = ["shm", "tcp"] if near else ["tcp"]
+    if not near:
+        print("note: the generator did not prove it shares this node's memory: TCP only", flush=True)
+    sync, apply, stages = {p: [] for p in paths}, {p: [] for p in paths}, {p: [] for p in paths}
     for r in range(reps):
-        version = base + 1 + r
-        t0 = time.perf_counter()
-        publisher.publish(version, tensors)
-        acks = publisher.wait_acks(version, timeout_s=600)
-        sync.append(time.perf_counter() - t0)
-        if not all(ok for ok, _ in acks.values()):
-            raise RuntimeError(f"weights version {version} refused: {acks}")
-        stats = ray.get(handle.get_stats.remote())
-        apply.append(stats["last_update_s"])
-        stages.append(stats["last_update_stages"])
+        for path in paths:  # in turn, so that both see the same machine
+            publisher.same_node.clear()
+            publisher.same_node.update(near if path == "shm" else ())
+            version += 1
+            t0 = time.perf_counter()
+            publisher.publish(version, tensors)
+            acks = publisher.wait_acks(version, timeout_s=600)
+            sync[path].append(time.perf_counter() - t0)
+            if not all(ok for ok, _ in acks.values()):
+                raise RuntimeError(f"weights version {version} refused: {acks}")
+            stats = ray.get(handle.get_stats.remote())
+            apply[path].append(stats["last_update_s"])
+            stages[path].append(stats["last_update_stages"])
+    publisher.same_node.update(near)
     src = np.frombuffer(b"".join(bytes(t.data) for t in tensors), np.uint8)
     dst = np.empty_like(src)
     copies = []
@@ -171,12 +182,18 @@ def weight_sync(publisher, handle, model_dir: Path, reps: int) -> dict[str, floa
         np.copyto(dst, src)
         copies.append(time.perf_counter() - t0)
     memcpy = min(copies[1:])
-    return {"weight_bytes": float(nbytes), "weight_sync_s": statistics.median(sync),
-            "weight_apply_s": statistics.median(apply), "memcpy_s": memcpy,
-            "weight_staging_s": statistics.median(x[0] for x in stages),
-            "weight_engine_load_s": statistics.median(x[2] for x in stages),
-            "weight_sync_over_memcpy": statistics.median(sync) / memcpy,
-            "weight_apply_over_memcpy": statistics.median(apply) / memcpy}
+    figures = {"weight_bytes": float(nbytes), "memcpy_s": memcpy}
+    for path in paths:  # the run's path (shm on one node) unsuffixed, TCP beside it
+        key = "" if path == paths[0] else "_tcp"
+        figures.update({
+            f"weight_sync{key}_s": statistics.median(sync[path]),
+            f"weight_apply{key}_s": statistics.median(apply[path]),
+            f"weight_staging{key}_s": statistics.median(x[0] for x in stages[path]),
+            f"weight_engine_load{key}_s": statistics.median(x[2] for x in stages[path]),
+            f"weight_sync{key}_over_memcpy": statistics.median(sync[path]) / memcpy,
+            f"weight_apply{key}_over_memcpy": statistics.median(apply[path]) / memcpy})
+    figures["weight_path_shm"] = float(bool(near))
+    return figures
 
 
 async def multi_turn(client, chat: ChatFormat, episodes: int, turns: int, max_tokens: int,
@@ -326,7 +343,7 @@ def main(argv: list[str]) -> int:
     figures: dict[str, float] = {}
     rows = []
     connect(num_cpus=os.cpu_count() or 2)
-    publisher = WeightPublisher()
+    publisher = WeightPublisher(shm=True)
     cfg = GeneratorConfig(kv_cache_gb=args.kv_gb, max_num_seqs=args.max_num_seqs, enforce_eager=not args.compile,
                           session_tokens=budget, num_cpus=float(os.cpu_count() or 2))
     t0 = time.monotonic()
@@ -380,15 +397,18 @@ def main(argv: list[str]) -> int:
         rows.append(("HF generate, batched (left-padded)", len(prompts), tokens, secs, tokens / secs))
     print(table(["single turn", "requests", "tokens", "seconds", "tokens/s"], rows))
     if "weight_sync_s" in figures:
-        print(table(["weights", "MB", "seconds", "x memcpy"], [
-            ("publish -> ack (end to end)", figures["weight_bytes"] / 1e6, figures["weight_sync_s"],
-             figures["weight_sync_over_memcpy"]),
-            ("apply in the generator", figures["weight_bytes"] / 1e6, figures["weight_apply_s"],
-             figures["weight_apply_over_memcpy"]),
-            ("  of which: copy to the staging file", figures["weight_bytes"] / 1e6, figures["weight_staging_s"],
-             figures["weight_staging_s"] / figures["memcpy_s"]),
-            ("  of which: vLLM reload in the engine", figures["weight_bytes"] / 1e6,
-             figures["weight_engine_load_s"], figures["weight_engine_load_s"] / figures["memcpy_s"]),
-            ("memcpy", figures["weight_bytes"] / 1e6, figures["memcpy_s"], 1.0)]))
+        mb, memcpy, rows = figures["weight_bytes"] / 1e6, figures["memcpy_s"], []
+        for key, path in [("", "shared memory" if figures["weight_path_shm"] else "TCP"), ("_tcp", "TCP")]:
+            if f"weight_sync{key}_s" not in figures:
+                continue
+            rows += [(f"{path}: publish -> ack (end to end)", mb, figures[f"weight_sync{key}_s"],
+                      figures[f"weight_sync{key}_over_memcpy"]),
+                     ("  apply in the generator", mb, figures[f"weight_apply{key}_s"],
+                      figures[f"weight_apply{key}_over_memcpy"]),
+                     ("    of which: copy to the staging file", mb, figures[f"weight_staging{key}_s"],
+                      figures[f"weight_staging{key}_s"] / memcpy),
+                     ("    of which: load in the engine", mb, figures[f"weight_engine_load{key}_s"],
+                      figures[f"weight_engine_load{key}_s"] / memcpy)]
+        print(table(["weights", "MB", "seconds", "x memcpy"], rows + [("memcpy", mb, memcpy, 1.0)]))
     emit(figures)
     return 0
