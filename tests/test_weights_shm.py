@@ -143,3 +143,22 @@ def test_bad_shelved_announcements_are_refused_naming_the_field(tmp_path):
         assert err.value.field == "index"
     finally:
         staging.close()
+
+
+@pytest.mark.parametrize("cipher", ["aes-gcm", "curvezmq"])
+def test_the_shelf_works_under_the_run_keys(cipher):
+    from core.curve import RunKeys
+
+    keys = RunKeys.generate(["near"], cipher=cipher)
+    pub = WeightPublisher(shm=True, curve=keys.weights_server_side(["near"]))
+    sub = WeightSubscriber(pub.endpoint, name="near", expected=SHAPES, shm=True, curve=keys.weights_client("near"))
+    try:
+        pub.wait_for_peers(1, timeout_s=10)
+        proven(pub, sub, "near")
+        sent = tensors(5)
+        pub.publish(1, sent)
+        got = receive(pub, sub)
+        assert got.shelf is not None and same_bytes(got, sent) and pub.chunks_sent == 0
+    finally:
+        sub.close()
+        pub.close()
