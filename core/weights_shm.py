@@ -25,6 +25,7 @@ import math
 import mmap
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -156,13 +157,28 @@ class Shelf:
             staging.close()
 
 
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file at `path` (never blocks on a pipe or device); OSError or
+    ValueError (a NUL in the path) otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
 def read_probe(path: str) -> bytes:
     """The token at the head of a publisher's probe file; empty when this process cannot read it."""
     try:
-        with open(path, "rb") as f:
-            return f.read(TOKEN_BYTES)
+        fd = _open_regular(path)
+    except (OSError, ValueError):
+        return b""
+    try:
+        return os.pread(fd, TOKEN_BYTES, 0)
     except OSError:
         return b""
+    finally:
+        os.close(fd)
 
 
 def unpack_shelved(buf) -> dict:
@@ -188,11 +204,14 @@ def parse_shelved(body: dict, expected: dict[str, tuple[int, ...]] | None, max_t
     if not isinstance(index, list) or not 0 < len(index) <= MAX_TENSORS:
         raise WireError("index", "expected a list of tensors")
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            whole = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else None
-    except OSError as exc:
-        raise WireError("path", f"cannot map {path}: {exc.strerror}") from None
+        fd = _open_regular(path)
+        try:
+            size = os.fstat(fd).st_size
+            whole = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+        finally:
+            os.close(fd)
+    except (OSError, ValueError) as exc:
+        raise WireError("path", f"cannot map {path!r:.80}: {exc}") from None
     if whole is None:
         raise WireError("path", "empty file")
     view, tensors, total = memoryview(whole), {}, 0

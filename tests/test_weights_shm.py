@@ -16,7 +16,7 @@ import pytest
 
 from core.trajectory import WireError
 from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_shm import WeightStaging, parse_shelved, unpack_shelved
+from core.weights_shm import WeightStaging, parse_shelved, read_probe, unpack_shelved
 from core.weights_subscriber import WeightSubscriber
 
 SHAPES = {"a": (64, 32), "b": (1000,), "c": (3, 5, 7)}
@@ -131,6 +131,8 @@ def test_bad_shelved_announcements_are_refused_naming_the_field(tmp_path):
             "offset ": {**good, "index": [[a[0], a[1], a[2], a[3], a[4] - 4], *index[1:]]},
             "shape": {**good, "index": [["z", a[1], a[2], a[3], a[4]], *index[1:]]},
             "path": {**good, "path": "/etc/passwd"},
+            "path ": {**good, "path": "/proc/self/fd/0"},  # not a regular file: refused, never opened blocking
+            "path  ": {**good, "path": "/tmp/a\x00b"},
             "version": {**good, "version": -1},
             "dtype": {**good, "index": [[a[0], "object", a[2], a[3], a[4]], *index[1:]]},
         }
@@ -138,6 +140,7 @@ def test_bad_shelved_announcements_are_refused_naming_the_field(tmp_path):
             with pytest.raises(WireError) as err:
                 parse_shelved(wire(body), SHAPES, 0)
             assert err.value.field == field.strip(), (field, err.value)
+        assert read_probe("/proc/self/fd/0") == b"" and read_probe("/tmp/a\x00b") == b""
         with pytest.raises(WireError) as err:
             parse_shelved(good, SHAPES, 100)
         assert err.value.field == "index"
