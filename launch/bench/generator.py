@@ -8,7 +8,10 @@ All in one run, side by side, with the default model unless `--model` says other
    `generate` call). Figures: tokens/s of each and the ratios `actor_over_offline` (target >= 0.8),
    `actor_over_hf` (one at a time) and `actor_over_hf_batched`.
 2. Weight sync: the model's full weights published on the weights channel until the actor acked, versus a
-   memcpy of the same bytes: `weight_sync_over_memcpy` (target <= 10); the actor's own apply time too.
+   memcpy of the same bytes: `weight_sync_over_memcpy` (target <= 10) through the same-node path the run uses
+   (the learner's shared memory, once the actor proved it shares this node), and `weight_sync_tcp_over_memcpy`
+   over TCP, versions of the two taken in turn; the actor's own apply time, its staging copy and its engine's
+   load too.
 3. Multi-turn: `--mt-episodes` episodes of `--mt-turns` turns, all started at once through the real rollout
    loop against a synthetic grid env that answers at once. The generator admits as many episodes at a time as
    its KV cache holds at the budgeted episode length; the rest wait for a slot. Tokens/s by turn index are read
