@@ -13,7 +13,8 @@ limit (`eval.item_set=unseen`, `eval.max_turns=--long`); the first run also eval
 untrained model on them. The report (`--report`, Markdown) holds the setup, the final evaluation per variant and
 seed with 95% intervals, the mean and the seed-to-seed range per variant, a plot of success rate and episode
 length against trained turns (`<report stem>.png`), and a reading of the ordering against the seed spread.
-Each run's own output stays in `--runs` (its train.log, metrics.jsonl, eval report).
+Each run's own output stays in `--runs` (its train.log, metrics.jsonl, eval report); `--reuse` keeps the runs
+already finished there (with the same arguments, an interrupted ablation resumes where it stopped).
 """
 from __future__ import annotations
 
@@ -61,6 +62,10 @@ def trained_turns(run_dir: Path) -> float:
 
 def train(name: str, overrides: list[str], args: argparse.Namespace, first: bool) -> Path:
     run_dir = Path(args.runs) / name
+    if args.reuse and (run_dir / "eval" / "eval_report.json").exists():
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: reusing the finished run in {run_dir} "
+              f"({trained_turns(run_dir):.0f} trained turns)", flush=True)
+        return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "launch.train", "--config", args.config, f"trainer.output_dir={run_dir}",
            "eval.at_end=true", "eval.item_set=unseen", f"eval.limit={args.eval_limit}", f"eval.max_turns={args.long}",
@@ -90,6 +95,9 @@ def horizon(argv: list[str]) -> int:
     p.add_argument("--eval-limit", type=int, default=0, help="unseen items to evaluate (eval.limit; 0: 30 per level)")
     p.add_argument("--runs", default="outputs/ablate-horizon", help="where each run's folder goes")
     p.add_argument("--report", default="docs/results/horizon.md")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep every run already finished in --runs (its final evaluation written) instead of "
+                        "training it again: an interrupted ablation resumes where it stopped")
     p.add_argument("overrides", nargs="*", help="key=value for every run (e.g. env.babyai.levels=[...])")
     args = p.parse_args(argv)
     if not 1 <= args.short < args.long:

@@ -66,3 +66,9 @@ def test_the_ablation_command_runs_every_variant_at_equal_turns_and_writes_its_r
                    "untrained model", "## Reading", "horizon.png"):
         assert needle in text, needle
     assert (report.parent / "horizon.png").stat().st_size > 10_000
+    # --reuse: the finished runs are kept, nothing is trained again, and the report is written anew from them.
+    report.unlink()
+    again = subprocess.run(cmd + ["--reuse"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("reusing the finished run") == 3 and "training (" not in again.stdout
+    assert report.read_text().split("## Reading")[0].count("| 0 |") == text.split("## Reading")[0].count("| 0 |")
