@@ -214,6 +214,7 @@ class WeightSubscriber:
             self.abandoned += 1  # superseded over TCP: its buffers go back to the spares
             self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
             self._assembly = None
+        self._spare.update(self._ready_buffers)  # a TCP version not yet handed out is superseded too
         self._ready, self._ready_buffers = shelved, {}
         self.latest_version = shelved.version
         self.shelved += 1
