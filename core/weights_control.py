@@ -24,9 +24,10 @@ KEY_CHARS = 40  # a Z85-encoded CURVE public key
 CONTROL_KINDS = (b"H", b"A", b"P", b"M")
 
 
-def unpack_map(buf) -> dict:
+def unpack_map(buf, max_array_len: int = 16) -> dict:
+    """A msgpack map of short strings, numbers and arrays of at most `max_array_len`; WireError otherwise."""
     try:
-        body = msgpack.unpackb(buf, raw=False, max_str_len=4096, max_bin_len=0, max_array_len=16,
+        body = msgpack.unpackb(buf, raw=False, max_str_len=4096, max_bin_len=0, max_array_len=max_array_len,
                                max_map_len=16, max_ext_len=0)
     except Exception as exc:
         raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None

@@ -30,10 +30,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-import msgpack
-
 from core.trajectory import WireError
 from core.weights_channel import TensorBytes, WeightSet, byte_view, itemsize
+from core.weights_control import unpack_map
 
 ALIGN = 64
 TOKEN_BYTES = 32
@@ -183,14 +182,7 @@ def read_probe(path: str) -> bytes:
 
 def unpack_shelved(buf) -> dict:
     """The msgpack map of a shelved version's announcement (an index entry per tensor); WireError if malformed."""
-    try:
-        body = msgpack.unpackb(buf, raw=False, max_str_len=4096, max_bin_len=0, max_array_len=MAX_TENSORS,
-                               max_map_len=8, max_ext_len=0)
-    except Exception as exc:
-        raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None
-    if not isinstance(body, dict):
-        raise WireError("body", f"expected a map, got {type(body).__name__}")
-    return body
+    return unpack_map(buf, max_array_len=MAX_TENSORS)
 
 
 def parse_shelved(body: dict, expected: dict[str, tuple[int, ...]] | None, max_total_bytes: int) -> WeightSet:
