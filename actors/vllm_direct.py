@@ -47,6 +47,10 @@ class DirectLoader:
         """Load one complete version; returns the number of tensors. The first call records, later ones replay."""
         import torch
 
+        if self.calls is not None:  # checked before anything is touched
+            unknown = [name for name, _ in weights if name not in self.calls]
+            if unknown:
+                raise KeyError(f"{unknown[0]} is not a tensor of the first version ({len(unknown)} unknown)")
         with torch.no_grad():
             try:
                 if self.calls is None:
@@ -112,9 +116,6 @@ class DirectLoader:
 
     def _replay(self, weights: list[tuple[str, object]]) -> None:
         assert self.calls is not None
-        unknown = [name for name, _ in weights if name not in self.calls]
-        if unknown:
-            raise KeyError(f"{unknown[0]} is not a tensor of the first version ({len(unknown)} unknown)")
         self._install_kept()
         for name, tensor in weights:
             for param, loader, args, kwargs in self.calls[name]:
