@@ -42,10 +42,11 @@ from pathlib import Path
 from actors.generator_collective import CollectiveWeights, WeightUpdateError
 from actors.session_slots import SessionSlots
 from actors.update_gate import ENGINE_PAUSE_MODE, UpdateGate
-from actors.vllm_weights import WORKER_EXTENSION, WeightStaging, staged_nbytes
+from actors.vllm_weights import WORKER_EXTENSION
 from configs.generation import GeneratorConfig
 from core.cpu_affinity import keep_freed_memory, pin_to_cores
 from core.models import checkpoint_tensors, tensor_set_mismatch
+from core.weights_shm import WeightStaging, staged_nbytes
 from core.curve import CurveClient
 from core.policy import GenerationRequest, GenerationResult
 from core.weights_channel import TensorBytes, WeightSet

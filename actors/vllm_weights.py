@@ -28,8 +28,6 @@ from __future__ import annotations
 import logging
 import os
 
-from core.weights_shm import WeightStaging, staged_nbytes  # noqa: F401 (the generator's staging file)
-
 WORKER_EXTENSION = "actors.vllm_weights.WeightLoadExtension"
 
 
