@@ -1,0 +1,158 @@
+"""`python -m launch.results default`: the default run, trained and evaluated, written to docs/results/.
+
+One command regenerates what docs/results/ shows of the default run:
+1. it trains the default config (`--config`, README command 1's run) into `--runs`, timing it; at its end the
+   run evaluates its final policy greedily on unseen items of its training levels (`eval.item_set=unseen`,
+   30 per level unless `--eval-limit`) at its last training horizon, with the random policy and the untrained
+   model on the same items (the run evaluates its base weights before its first step);
+2. it evaluates the same checkpoint on the same items at the reference's turn limit (`--long-turns`, 20), with
+   the same baselines (`python -m launch.eval`);
+3. it writes `--out`/default.md (the setup, the run's time, both evaluations per level with 95% intervals, and
+   whether the policy beats random by `--margin` at its last horizon and is no worse at the long limit) and
+   copies the run's curve to `--out`/training.png.
+`--reuse` keeps a run already finished in `--runs` (its end evaluation written) and only evaluates and reports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+from configs.load import load_config
+from core.horizon import HorizonSchedule
+from core.metrics import read_jsonl
+
+ROWS = (("model", "trained policy"), ("untrained", "untrained model"), ("random", "random policy"))
+
+
+def _run(cmd: list[str], log: Path) -> float:
+    started = time.monotonic()
+    with open(log, "ab") as out:
+        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+    if code != 0:
+        raise RuntimeError(f"`{' '.join(cmd[1:4])} ...` exited {code}; its output is in {log}")
+    return (time.monotonic() - started) / 60
+
+
+def _cell(row: dict | None) -> str:
+    if not row or not row.get("episodes"):
+        return "n/a"
+    lo, hi = row["success_rate_ci"]
+    return f"{row['success_rate']:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
+def eval_table(report: dict) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """Markdown rows (policy x overall and per level) of one eval_report.json, and the success rates by
+    policy and level ('all' overall)."""
+    rows = {name: report["rows"].get(name) or [] for name, _ in ROWS}
+    model = rows["model"][0]
+    levels = sorted(model.get("breakdown", {}))
+    lines = ["| policy | overall | " + " | ".join(levels) + " |", "|---|---|" + "---|" * len(levels)]
+    rates: dict[str, dict[str, float]] = {}
+    for name, label in ROWS:
+        if not rows[name]:
+            continue
+        family = rows[name][0]
+        breakdown = family.get("breakdown", {})
+        lines.append(f"| {label} | {_cell(family)} | " + " | ".join(_cell(breakdown.get(lv)) for lv in levels) + " |")
+        rates[name] = {"all": family.get("success_rate", 0.0),
+                       **{lv: breakdown[lv]["success_rate"] for lv in levels if lv in breakdown}}
+    return lines, rates
+
+
+def verdict(short: dict[str, dict[str, float]], long: dict[str, dict[str, float]], margin: float) -> list[str]:
+    """Whether the policy beats random by `margin` overall at its last horizon and on no level does worse,
+    and is no worse than random overall at the long limit."""
+    if "random" not in short or "random" not in long:
+        return ["No random-policy row to compare against (eval.baselines=false)."]
+    gap = short["model"]["all"] - short["random"]["all"]
+    worse = [lv for lv in short["model"] if lv != "all" and short["model"][lv] < short["random"].get(lv, 0.0)]
+    long_gap = long["model"]["all"] - long["random"]["all"]
+    return [
+        f"At its last training horizon the policy {'beats' if gap >= margin else 'does not beat'} the random policy "
+        f"by {margin:g} overall: {short['model']['all']:.3f} vs {short['random']['all']:.3f} ({gap:+.3f}).",
+        "It is no worse than random on any level." if not worse else
+        f"It is worse than random on {', '.join(worse)}.",
+        f"At the long limit it is {'no worse than' if long_gap >= 0 else 'worse than'} random overall: "
+        f"{long['model']['all']:.3f} vs {long['random']['all']:.3f} ({long_gap:+.3f}).",
+    ]
+
+
+def default(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.results default", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/default.yaml")
+    p.add_argument("--runs", default="outputs/results-default", help="the run's folder")
+    p.add_argument("--out", default="docs/results", help="where default.md and training.png go")
+    p.add_argument("--long-turns", type=int, default=20, help="the second evaluation's turn limit")
+    p.add_argument("--eval-limit", type=int, default=0, help="unseen items to evaluate (eval.limit; 0: 30 per level)")
+    p.add_argument("--margin", type=float, default=0.25, help="the lead over random the verdict asks for")
+    p.add_argument("--reuse", action="store_true", help="keep a finished run in --runs; only evaluate and report")
+    p.add_argument("overrides", nargs="*", help="key=value for the run and both evaluations")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    last = HorizonSchedule.from_config(cfg.algorithm).horizon_at(cfg.trainer.total_steps)
+    run, out = Path(args.runs), Path(args.out)
+    run.mkdir(parents=True, exist_ok=True)
+    common = ["eval.item_set=unseen", f"eval.limit={args.eval_limit}", "eval.baselines=true"]
+    short_report = run / "eval" / "eval_report.json"
+    minutes_file = run / "train_minutes.json"
+    if args.reuse and short_report.exists() and minutes_file.exists():
+        print(f"reusing the finished run in {run}", flush=True)
+    else:
+        shutil.rmtree(run / "checkpoints", ignore_errors=True)  # a fresh run: no resume from an older one
+        print(f"[{time.strftime('%H:%M:%S')}] training {args.config} into {run} (log {run / 'train.log'})", flush=True)
+        minutes = _run([sys.executable, "-m", "launch.train", "--config", args.config, *args.overrides,
+                        f"trainer.output_dir={run}", "eval.at_end=true", f"eval.max_turns={last}", *common,
+                        "logging.progress_bar=false"], run / "train.log")
+        minutes_file.write_text(json.dumps({"minutes": minutes}))
+    minutes = json.loads(minutes_file.read_text())["minutes"]
+    long_dir = run / f"eval-{args.long_turns}-turns"
+    if not (args.reuse and (long_dir / "eval_report.json").exists()):
+        print(f"[{time.strftime('%H:%M:%S')}] evaluating at {args.long_turns} turns into {long_dir}", flush=True)
+        _run([sys.executable, "-m", "launch.eval", "--env", "babyai", "--config", args.config,
+              "--model", str(run / "checkpoints"), "--out", str(long_dir), *args.overrides, *common,
+              f"eval.max_turns={args.long_turns}"], run / "eval.log")
+    short_lines, short = eval_table(json.loads(short_report.read_text()))
+    long_report = json.loads((long_dir / "eval_report.json").read_text())
+    long_lines, long = eval_table(long_report)
+    steps = [r for r in read_jsonl(run / "metrics.jsonl") if "rollout/horizon" in r]
+    step_s = sum(r.get("perf/step_seconds", 0.0) for r in steps)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run / "training.png", out / "training.png")
+    command = "python -m launch.results default " + " ".join(argv)
+    items = long_report.get("items", "unseen items of the training levels")
+    text = [
+        "# The default run: its curve and its evaluation against baselines", "",
+        f"Produced by `{command}` on {date.today().isoformat()} ({os.cpu_count()} cores): `{args.config}`"
+        + (f" with {' '.join(f'`{o}`' for o in args.overrides)}" if args.overrides else "")
+        + f": {len(steps)} steps, {step_s / 60:.1f} min of training steps, {minutes:.1f} min for the whole run "
+        "(start-up, the untrained model's evaluation before the first step and the final one included).", "",
+        "![reward, success rate and valid-action fraction per step](training.png)", "",
+        f"Greedy evaluation of the final checkpoint on {items}, beside the untrained model and a policy that picks "
+        "a uniformly random available action, on the same items. Success rate [95% Wilson interval].", "",
+        f"## At the last training horizon ({last} turns)", "", *short_lines, "",
+        f"## At the reference's turn limit ({args.long_turns} turns)", "", *long_lines, "",
+        "## Reading", "", *[f"- {line}" for line in verdict(short, long, args.margin)],
+    ]
+    (out / "default.md").write_text("\n".join(text) + "\n")
+    print(f"report: {out / 'default.md'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "default":
+        print("usage: python -m launch.results default [options] [key=value ...]", file=sys.stderr)
+        return 2
+    return default(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
