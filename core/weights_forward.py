@@ -9,9 +9,10 @@ What must hold:
 - Forwarding never holds more than about `hwm` chunks per direction (32: deep enough that a pipeline of
   processes sharing cores does not stall at every scheduling hiccup). Frames go out zero-copy (the received
   frames themselves); when the successor's queue is full they wait in `pending`, and the subscriber reads no
-  more input until they are gone (backpressure up the chain). A successor that takes nothing for `stall_timeout_s` is dropped here
-  (`dropped_successors`), so a dead or stalled successor blocks its predecessor for at most that long; one
-  whose connection closes after its handshake (a killed process) is dropped as soon as that is seen.
+  more input until they are gone (backpressure up the chain). A successor that takes nothing for
+  `stall_timeout_s` is dropped here (`dropped_successors`), so a dead or stalled successor blocks its
+  predecessor for at most that long; one whose connection closes after its handshake (a killed process) is
+  dropped as soon as that is seen.
 - A link can race the successor's admission of this subscriber's key (the publisher's link messages to the two
   arrive in either order), and libzmq never reconnects after a refused CURVE handshake. So the outbound socket
   takes chunks only over a completed handshake (ZMQ_IMMEDIATE: nothing is queued into a connection that auth

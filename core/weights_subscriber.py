@@ -73,7 +73,8 @@ class WeightSubscriber:
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_chunk_bytes, MAX_CONTROL_BYTES))
         # aes-gcm: every message sealed here (core.weights_seal), chunks forwarded still sealed; curvezmq: CURVE
         # on this socket and on the relay sockets.
-        self.seal = SubscriberSeal(curve, MAX_CONTROL_BYTES) if curve is not None and curve.cipher == "aes-gcm" else None
+        sealed = curve is not None and curve.cipher == "aes-gcm"
+        self.seal = SubscriberSeal(curve, MAX_CONTROL_BYTES) if sealed else None
         curve_sockets = curve is not None and self.seal is None
         if curve_sockets:
             curve.apply(self._sock)
@@ -190,7 +191,8 @@ class WeightSubscriber:
             # A predecessor's chunk can overtake the key, sent on the publisher's connection: read that first
             # (only before the key has come: a chunk with another key is refused at once).
             deadline = time.monotonic() + KEY_WAIT_S
-            while not self.seal.chunks.knows(frames) and self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            while not self.seal.chunks.knows(frames) and \
+                    self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                 self._receive(self._sock.recv_multipart(copy=False), "the publisher")
         chunk = self.seal.chunks.open(frames)
         return [b"C", chunk.header] + frames[2:], chunk
