@@ -37,6 +37,11 @@ class RolloutConfig:
     """Where the env's instruction goes: a system message, or AgentGym's first user turn answered `OK.`."""
     format_reward: float = spec(0.0, ge=0)
     """Small reward per turn whose action parsed as valid (0 disables it); helps small models find the format."""
+    format_reward_on: str = spec("valid", choices=("valid", "clean"))
+    """Which turns earn format_reward: `valid`, every turn whose action the env accepted, however the parser
+    found it; `clean`, only those whose reply is in the format asked for (an `Action:` line, or, with a prompt
+    that asks for the action alone, the reply being exactly the action's name). Under `valid` a lenient parser
+    also pays for prose that happens to name an action."""
 
     def validate(self) -> list[tuple[str, str]]:
         if self.min_tokens_per_turn > self.max_tokens_per_turn:

@@ -40,7 +40,7 @@ class StepResult:
     reward: float
     done: bool
     valid_action: bool | None  # an action was found and the env accepted it; None: the env cannot tell
-    parse_rule: str  # which rule found the action: "strict", "lenient", or "none"
+    parse_rule: str  # which rule found the action: "strict", "lenient", "exact" (the whole reply), or "none"
     success: bool = False  # the task was solved (meaningful once done)
     score: float | None = None  # the env's own raw score where it has one (e.g. SciWorld 0-100)
     info: dict[str, Any] = field(default_factory=dict)

@@ -53,6 +53,7 @@ class EpisodeLimits:
     temperature: float = 1.0
     top_p: float = 1.0
     format_reward: float = 0.0  # added to a turn's reward when the env judged its action valid (not unknown)
+    format_reward_on: str = "valid"  # or "clean": only when the reply kept to the format (rule strict or exact)
     instruction_role: str = "system"
     reset_timeout_s: float = 120.0
     step_timeout_s: float = 60.0
@@ -141,7 +142,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             finally:
                 metrics["env_seconds"] += time.monotonic() - t0
             valid = step.valid_action  # True, False, or None: the env cannot tell
-            shaped = limits.format_reward if valid is True else 0.0
+            clean = limits.format_reward_on == "valid" or step.parse_rule in ("strict", "exact")
+            shaped = limits.format_reward if valid is True and clean else 0.0
             turn_rewards.append(float(step.reward) + shaped)
             metrics["env_reward"] += float(step.reward)
             metrics["format_reward"] += shaped

@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 
 STRICT = "strict"
 LENIENT = "lenient"
+EXACT = "exact"  # lenient mode, and the whole reply is the action's name: the format asked for, kept to
 NONE = "none"
 MODES = (STRICT, LENIENT)
 
@@ -38,7 +39,7 @@ _NOT_ALNUM = re.compile(r"[^a-z0-9]+")
 @dataclass(frozen=True)
 class Parsed:
     action: str | None  # the extracted action, or None
-    rule: str  # STRICT, LENIENT or NONE
+    rule: str  # STRICT, LENIENT, EXACT or NONE
     error: str = ""  # why no action was found (an observation for the agent); empty when one was
 
     @property
@@ -120,7 +121,7 @@ def parse_reply(reply: str, mode: str, accepts: Callable[[str], bool],
         return Parsed(action, STRICT)
     found = lenient_find(reply)
     if found is not None:
-        return Parsed(found, LENIENT)
+        return Parsed(found, EXACT if normalize(reply) == normalize(found) else LENIENT)
     if action is not None:  # a strict action the env does not know: let the env explain why
         return Parsed(action, STRICT)
     return Parsed(None, NONE, NO_ACTION_LENIENT)

@@ -7,7 +7,7 @@ import string
 import pytest
 
 from environments.parsing import (
-    LENIENT, MULTIPLE_ACTIONS, NONE, STRICT, clean_action, last_named, normalize, parse_reply, strict_line,
+    EXACT, LENIENT, MULTIPLE_ACTIONS, NONE, STRICT, clean_action, last_named, normalize, parse_reply, strict_line,
     strict_rest,
 )
 
@@ -78,3 +78,10 @@ def test_bad_output_never_raises(mode):
 
 def test_normalize_drops_case_and_punctuation():
     assert normalize("Go-To: the RED ball #1!") == "go to the red ball 1"
+
+
+def test_a_reply_that_is_exactly_an_action_is_told_apart_from_prose_naming_one():
+    assert parse("go to red ball 1", LENIENT).rule == EXACT
+    assert parse("  Go to red ball 1.\n", LENIENT).rule == EXACT  # case, spacing and end punctuation aside
+    assert parse("You can choose to turn left at the red ball", LENIENT).rule == LENIENT
+    assert parse("Action: go to red ball 1", LENIENT).rule == STRICT

@@ -182,3 +182,19 @@ def test_min_tokens_reach_the_policy_capped_by_the_room_left(tiny_tokenizer):
     unset = _Requests(tiny_tokenizer)
     _run(_Env(done_after=2), unset, tiny_tokenizer, max_tokens_per_turn=16)
     assert [lo for lo, _ in unset.limits] == [0, 0]
+
+
+@pytest.mark.parametrize("on, want", [("valid", [0.1, 0.1, 0.1]), ("clean", [0.0, 0.1, 0.0])])
+def test_format_reward_on_clean_pays_only_replies_in_the_format(tiny_tokenizer, on, want):
+    """On the real BabyAI env (lenient parser): prose that names an action steps the env under both settings,
+    but under `clean` only the reply that is exactly the action earns the format reward."""
+    from core.env import run_sync_env
+    from environments.babyai.env import BabyAIEnv
+
+    replies = iter(["I think I should turn left here", "turn right", "maybe turn left again"])
+    policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: next(replies), version=1)
+    env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
+    traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_1", "g", 0, horizon=3),
+                format_reward=0.1, format_reward_on=on)
+    np.testing.assert_allclose(traj.turn_rewards, want)
+    assert traj.metrics["valid_actions"] == 3.0
