@@ -72,6 +72,8 @@ class Learner:
         self.model_path, self.dtype = str(model_path), dtype
         self.cfg, self.algo = learner, algorithm
         self.sampling_temperature = sampling_temperature
+        # bfloat16 matrix products under float32 weights, on CPU ranks only (learner.cpu_autocast)
+        self.autocast = learner.cpu_autocast == "bfloat16" and dtype == "float32" and learner.num_gpus_per_rank == 0
         self.settings = LossSettings(
             clip_eps_low=algorithm.clip_eps_low, clip_eps_high=algorithm.clip_eps_high,
             behaviour_weight_cap=algorithm.behaviour_weight_cap, entropy_coef=algorithm.entropy_coef,
@@ -167,8 +169,9 @@ class Learner:
 
     def _run(self, model, mb: MicroBatch, with_entropy: bool) -> Scores:
         t = self._tensor
-        return Scores.of(model(t(mb.input_ids), t(mb.position_ids), t(mb.score_index), t(mb.targets),
-                               with_entropy=with_entropy))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):  # backward runs outside it
+            return Scores.of(model(t(mb.input_ids), t(mb.position_ids), t(mb.score_index), t(mb.targets),
+                                   with_entropy=with_entropy))
 
     def _plan(self, trajs, members: Sequence[int]) -> list[MicroBatch]:
         """Micro-batches of `members`, padded to the count every rank agrees on."""

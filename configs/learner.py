@@ -23,6 +23,12 @@ class LearnerConfig:
     """Compute threads of a rank training on CPU; 0: its num_cpus_per_rank (at least 1), or the count of
     cpu_cores when those are set. More threads than reserved CPUs can pay when the generator idles while
     the learner trains."""
+    cpu_autocast: str = spec("none", choices=("none", "bfloat16"))
+    """Mixed precision for a rank training on CPU with model.dtype=float32: the forward and backward passes'
+    matrix products in bfloat16 (AMX or AVX-512 BF16 where the CPU has them: 1.7-2.3x faster here), while the
+    weights, the optimizer state and what the generators receive stay float32. The output layer runs in
+    float32 (on the sampled positions only), so logprobs keep float32 precision up to the hidden states'
+    rounding; the off-policy weights absorb the small gap to the generators' logprobs. Ignored on GPUs."""
     cpu_cores: list[int] = spec([])
     """Pin every rank's process to these core ids of its node (os.sched_setaffinity); empty: no pinning. For
     benchmarks that keep the learner and the generator (generator.cpu_threads_bind) on separate cores."""

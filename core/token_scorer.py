@@ -69,7 +69,14 @@ class TokenScorer(nn.Module):
         hidden = backbone(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
                           use_cache=False).last_hidden_state[0]
         picked = hidden.index_select(0, score_index)
-        logits = self.policy.get_output_embeddings()(picked).float()
+        head = self.policy.get_output_embeddings()
+        if torch.is_autocast_enabled(picked.device.type):
+            # Mixed precision (learner.cpu_autocast): the output layer in its weights' own dtype, so logprobs
+            # are as exact as without it; it runs on the sampled positions only.
+            with torch.autocast(picked.device.type, enabled=False):
+                logits = head(picked.to(head.weight.dtype)).float()
+        else:
+            logits = head(picked).float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logprobs, entropy = logprobs_and_entropy(logits, targets, with_entropy)

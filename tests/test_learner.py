@@ -43,14 +43,17 @@ def _weights(tensors) -> dict[str, np.ndarray]:
     return {t.name: np.frombuffer(bytes(t.data), dtype=np.float32).reshape(t.shape) for t in tensors}
 
 
-@pytest.mark.parametrize("stage,stale", [(2, False), (3, True)], ids=["zero2-on-policy", "zero3-one-stale"])
-def test_learns_the_cue_task(ray_local, tiny_model_dir, tiny_tokenizer, stage, stale):
+@pytest.mark.parametrize("stage,stale,autocast", [(2, False, "none"), (3, True, "none"), (2, False, "bfloat16")],
+                         ids=["zero2-on-policy", "zero3-one-stale", "zero2-bf16-autocast"])
+def test_learns_the_cue_task(ray_local, tiny_model_dir, tiny_tokenizer, stage, stale, autocast):
     """Mean reward goes from chance (1/8) to >= 0.9. On ZeRO-3 every batch is trained one version after it
-    was sampled, so the behaviour policy is stale and the importance weights are really at work."""
+    was sampled, so the behaviour policy is stale and the importance weights are really at work. With
+    learner.cpu_autocast the learner's matrix products run in bfloat16 under float32 weights: it learns as
+    well, and its logprobs differ from the float32 sampler's by bfloat16 rounding only."""
     from launch.learners import LearnerGroup
 
     cfg = LearnerConfig(num_ranks=2, zero_stage=stage, lr=1e-2, micro_batch_tokens=256, mini_batches=2,
-                        seed=0, num_cpus_per_rank=CPUS_PER_RANK)
+                        seed=0, num_cpus_per_rank=CPUS_PER_RANK, cpu_autocast=autocast)
     group = LearnerGroup(tiny_model_dir, "float32", cfg, AlgorithmConfig(adv_estimator="grpo"),
                          setup_timeout_s=SETUP_TIMEOUT_S)
     sub = WeightSubscriber(group.weights_endpoint, name="sampler")
@@ -82,7 +85,12 @@ def test_learns_the_cue_task(ray_local, tiny_model_dir, tiny_tokenizer, stage, s
         assert np.isfinite(m["train/grad_norm"]) and m["train/grad_norm"] > 0
         assert m["train/optimizer_steps"] == 2
         assert 0 <= m["train/clip_frac"] <= 1
-    if not stale:
+    if autocast != "none":
+        for m in metrics:  # on-policy: the weights measure the learner's rounding against the fp32 sampler
+            assert m["train/staleness/0"] == 1.0
+            assert abs(m["train/is_weight_mean"] - 1) < 0.02 and m["train/is_weight_max"] < 1.2
+        assert max(abs(m["train/is_weight_mean"] - 1) for m in metrics) > 1e-5  # bfloat16 products did run
+    elif not stale:
         for m in metrics:
             assert m["train/staleness/0"] == 1.0
             # the sampler's logprobs, from the published weights, match the learner's own to fp32 precision
