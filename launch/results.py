@@ -126,7 +126,7 @@ def default(argv: list[str]) -> int:
     step_s = sum(r.get("perf/step_seconds", 0.0) for r in steps)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run / "training.png", out / "training.png")
-    command = "python -m launch.results default " + " ".join(argv)
+    command = " ".join(["python -m launch.results default", *argv])
     items = long_report.get("items", "unseen items of the training levels")
     text = [
         "# The default run: its curve and its evaluation against baselines", "",

@@ -66,7 +66,7 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> 
         cores = [f"generator.cpu_threads_bind={gen_core}", f"generator.cpu_cores=[{gen_core}]",
                  f"env.cpu_cores=[{gen_core}]", f"learner.cpu_cores=[{learner_core}]", "learner.torch_threads=1"]
     return [
-        f"model.path={args.model}", f"model.dtype={args.dtype}", f"trainer.output_dir={out}",
+        f"model.path={args.model}", f"learner.cpu_autocast={args.autocast}", f"trainer.output_dir={out}",
         f"trainer.total_steps={args.steps}",
         f"trainer.groups_per_step={args.groups}", f"rollout.group_size={args.group_size}",
         f"trainer.max_staleness={eta}", "trainer.batch_order=submission", f"learner.lr={args.lr}",
@@ -147,8 +147,8 @@ def ratios(workload: str, results: dict[str, dict]) -> dict[str, float | bool]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.bench async", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default", help="model.path of the runs (default: SmolLM2-135M)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="model.dtype of every run (bfloat16: AMX/AVX-512 bf16 matmuls where the CPU has them)")
+    parser.add_argument("--autocast", default="none", choices=("none", "bfloat16"),
+                        help="learner.cpu_autocast of every run (bfloat16 products under float32 weights)")
     parser.add_argument("--steps", type=int, default=9, help="training steps per run (the first is not timed)")
     parser.add_argument("--groups", type=int, default=2, help="groups per step")
     parser.add_argument("--group-size", type=int, default=4, help="samples per group")
@@ -171,7 +171,7 @@ def main(argv: list[str]) -> int:
     if args.steps < 2:
         parser.error("--steps: at least 2 (the first is not timed)")
 
-    figures: dict[str, float | bool | str] = {"steps_timed": args.steps - 1, "eta": args.eta, "dtype": args.dtype}
+    figures: dict[str, float | bool | str] = {"steps_timed": args.steps - 1, "eta": args.eta, "autocast": args.autocast}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(args.keep).resolve() if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
