@@ -71,8 +71,8 @@ class TokenScorer(nn.Module):
         picked = hidden.index_select(0, score_index)
         head = self.policy.get_output_embeddings()
         if torch.is_autocast_enabled(picked.device.type):
-            # Mixed precision (learner.cpu_autocast): the output layer in its weights' own dtype, so logprobs
-            # are as exact as without it; it runs on the sampled positions only.
+            # Mixed precision (learner.cpu_autocast): the output layer in its weights' own dtype, so the logits
+            # are not rounded to bfloat16 (the hidden states still are); it runs on the sampled positions only.
             with torch.autocast(picked.device.type, enabled=False):
                 logits = head(picked.to(head.weight.dtype)).float()
         else:
