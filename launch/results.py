@@ -108,10 +108,10 @@ def default(argv: list[str]) -> int:
     else:
         shutil.rmtree(run / "checkpoints", ignore_errors=True)  # a fresh run: no resume from an older one
         print(f"[{time.strftime('%H:%M:%S')}] training {args.config} into {run} (log {run / 'train.log'})", flush=True)
-        minutes = _run([sys.executable, "-m", "launch.train", "--config", args.config, *args.overrides,
-                        f"trainer.output_dir={run}", "eval.at_end=true", f"eval.max_turns={last}", *common,
-                        "logging.progress_bar=false"], run / "train.log")
-        minutes_file.write_text(json.dumps({"minutes": minutes}))
+        cmd = [sys.executable, "-m", "launch.train", "--config", args.config, *args.overrides,
+               f"trainer.output_dir={run}", "eval.at_end=true", f"eval.max_turns={last}", *common,
+               "logging.progress_bar=false"]
+        minutes_file.write_text(json.dumps({"minutes": _run(cmd, run / "train.log")}))  # read back below
     minutes = json.loads(minutes_file.read_text())["minutes"]
     long_dir = run / f"eval-{args.long_turns}-turns"
     if not (args.reuse and (long_dir / "eval_report.json").exists()):
