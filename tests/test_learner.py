@@ -2,7 +2,7 @@
 ZeRO-3, its ZeRO-3 weights equal a ZeRO-1 run's after the same steps, and a checkpoint resumes exactly.
 
 Sampling is plain torch on a copy of the policy that receives every version over the weights channel, the way
-a generator does (see tests/toy_task.py).
+a generator does (see core/cue_task.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from configs.learner import AlgorithmConfig, LearnerConfig
 from core.weights_subscriber import WeightSubscriber
-from tests.toy_task import CueTask, load_weights
+from core.cue_task import CueTask, load_weights
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""A toy multi-turn task with a verifiable reward, and plain torch sampling, for the learner's learning tests.
+"""A toy multi-turn task with a verifiable reward, and plain torch sampling: the learner's learning tests and
+its GPU check (launch.gpu_learner_check) train on it.
 
 Each episode has `turns` turns. Before each reply the env shows a cue word, " left" or " right" (drawn at
 random per turn); the agent replies with one token. The reply is correct when its token id lies in the cued
