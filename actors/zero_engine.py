@@ -67,6 +67,10 @@ def deepspeed_config(zero_stage: int, dtype: str, grad_clip: float) -> dict:
         "gradient_clipping": float(grad_clip),
         "zero_optimization": {"stage": zero_stage},
         "bf16": {"enabled": dtype == "bfloat16"},
+        # Gradients of a bfloat16 model add up over micro-batches in float32, not in bfloat16 (8-bit mantissa):
+        # on an H200, a bfloat16 ZeRO-3 learner that summed in bfloat16 collapsed on the cue task of
+        # launch.gpu_learner_check (reward 0.83 -> 0.06 after one update); summed in float32, it learned.
+        "data_types": {"grad_accum_dtype": "fp32"},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
