@@ -21,12 +21,13 @@ REPLAY_TOL = {"float32": 1e-4, "bfloat16": 2e-2}  # max |w| difference after the
 FIXED_TOL = {"float32": 1e-4, "bfloat16": 0.04}
 
 
-def _learner(model_dir: str, dtype: str, stage: int, device: str, publisher=None, micro_batch_tokens: int = 256):
+def _learner(model_dir: str, dtype: str, stage: int, device: str, publisher=None, micro_batch_tokens: int = 256,
+             mini_batches: int = 2):
     from actors.learner import Learner
     from configs.learner import AlgorithmConfig, LearnerConfig
 
     cfg = LearnerConfig(num_ranks=1, zero_stage=stage, lr=1e-2, micro_batch_tokens=micro_batch_tokens,
-                        mini_batches=2 if micro_batch_tokens == 256 else 1, seed=0,
+                        mini_batches=mini_batches, seed=0,
                         num_gpus_per_rank=1 if device == "cuda" else 0, num_cpus_per_rank=1)
     learner = Learner(0, 1, model_dir, dtype, cfg, AlgorithmConfig(adv_estimator="grpo"))
     port = learner.listen(LOOPBACK)
@@ -50,7 +51,8 @@ def _weights(tensors) -> dict[str, np.ndarray]:
 
 
 def _zero_options(options: dict) -> None:
-    """Diagnostics: extra `zero_optimization` keys for this process's engines (a case's `+key=value` parts)."""
+    """Diagnostics: extra DeepSpeed settings for this process's engines (a case's `+key=value` parts): a plain key
+    goes under zero_optimization, a dotted one (`data_types.grad_accum_dtype`) from the config's top."""
     from actors import zero_engine
 
     plain = zero_engine.deepspeed_config
@@ -161,7 +163,7 @@ def _ipc_receiver(endpoint: str, versions: int, device: str, out) -> None:
                       timeout_s=120)
         importer = Importer(group.source_index) if group.ipc else None
         for _ in range(versions):
-            seq, _, ann, problem = sub.next(lambda: False)
+            seq, _, ann, _ = sub.next(lambda: False)
             got = receive(group, ann, torch.bfloat16, ipc=importer)
             out.put((ann.version, ann.mode, group.ipc, {n: t.float().cpu().numpy() for n, t in got},
                      {n: str(t.dtype) for n, t in got}))
@@ -234,7 +236,7 @@ def throughput_case(device: str, dtype: str, seqs: int, seq_len: int, steps: int
     from core.trajectory import Termination, Trajectory
 
     model_dir = _smollm_shaped(tempfile.mkdtemp(prefix="smollm-shape-"))
-    learner, _ = _learner(model_dir, dtype, 2, device, micro_batch_tokens=8192)
+    learner, _ = _learner(model_dir, dtype, 2, device, micro_batch_tokens=8192, mini_batches=1)
     rng = np.random.default_rng(0)
 
     def batch(version: int) -> list:
@@ -245,7 +247,8 @@ def throughput_case(device: str, dtype: str, seqs: int, seq_len: int, steps: int
             out.append(Trajectory(
                 trajectory_id=f"t{version}-{i}", group_id=f"g{version}-{i // 4}", item_id=f"i{i // 4}", env="random",
                 tokens=rng.integers(0, 49152, seq_len).astype(np.int32), loss_mask=mask,
-                logprobs=np.where(mask, -10.8, 0).astype(np.float32), versions=np.where(mask, version, -1)
+                logprobs=np.where(mask, -10.8, 0).astype(np.float32),  # about log(1 / 49152): uniform
+                versions=np.where(mask, version, -1)
                 .astype(np.int32), turn_ends=np.array([seq_len], np.int32),
                 turn_rewards=np.array([float(rng.random() < 0.5)], np.float32), horizon=1,
                 termination=Termination.DONE, sample_index=i % 4))

@@ -60,6 +60,28 @@ def _compare_fixed(results: dict) -> dict:
     return out
 
 
+def parse_case(name: str) -> tuple[str, str, int, dict]:
+    """(kind, dtype, ZeRO stage, DeepSpeed options) of a case name; ValueError naming what is wrong."""
+    if name in ("ipc", "throughput"):
+        return name, "", 0, {}
+    base, *extra = name.split("+")
+    parts = base.split("-")
+    if len(parts) != 3 or parts[0] not in ("learn", "fixed") or parts[1] not in ("float32", "bfloat16") \
+            or parts[2] not in ("zero1", "zero2", "zero3"):
+        raise ValueError(f"case {name!r}: expected ipc, throughput or <learn|fixed>-<float32|bfloat16>-zero<1|2|3>"
+                         "[+key=json ...]")
+    options = {}
+    for item in extra:
+        key, sep, value = item.partition("=")
+        try:
+            options[key] = json.loads(value) if sep and key else None
+        except json.JSONDecodeError:
+            options[key] = None
+        if options[key] is None:
+            raise ValueError(f"case {name!r}: {item!r} is not key=<json value>")
+    return parts[0], parts[1], int(parts[2].removeprefix("zero")), options
+
+
 def _run_case(name: str, fn, args, out) -> None:
     try:
         out.put((name, fn(*args)))
@@ -86,22 +108,23 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("no CUDA device is visible: run with --device cpu", file=sys.stderr)
             return 2
+    try:
+        cases = {name: parse_case(name) for name in args.cases.split(",")}
+    except ValueError as exc:
+        p.error(str(exc))
     model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="tiny-model-")))
     ctx = mp.get_context("spawn")
     summary, results = {}, {}
-    for name in args.cases.split(","):
-        if name == "ipc":
+    for name, (kind, dtype, stage, options) in cases.items():
+        if kind == "ipc":
             fn, fargs = ipc_case, (model_dir, args.device)
-        elif name.startswith("throughput"):
+        elif kind == "throughput":
             fn, fargs = throughput_case, (args.device, "bfloat16" if args.device == "cuda" else "float32",
                                           *args.throughput)
+        elif kind == "learn":
+            fn, fargs = learn_case, (model_dir, dtype, stage, args.device, options, args.all_steps)
         else:
-            base, *extra = name.split("+")
-            kind, dtype, stage = base.split("-")
-            options = {k: json.loads(v) for k, v in (e.split("=", 1) for e in extra)}
-            fn, fargs = ((learn_case, (model_dir, dtype, int(stage.removeprefix("zero")), args.device, options,
-                                       args.all_steps)) if kind == "learn" else
-                         (fixed_case, (model_dir, dtype, int(stage.removeprefix("zero")), args.device, options)))
+            fn, fargs = fixed_case, (model_dir, dtype, stage, args.device, options)
         out = ctx.Queue()
         start = time.monotonic()
         proc = ctx.Process(target=_run_case, args=(name, fn, fargs, out))

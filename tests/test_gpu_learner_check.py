@@ -3,6 +3,7 @@ instead of CUDA IPC): the same cases it runs on a GPU pass, and their checks are
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -37,3 +38,19 @@ def test_refuses_cuda_without_a_gpu():
     proc = subprocess.run([sys.executable, "-m", "launch.gpu_learner_check", "--cases", "ipc"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--device cpu" in proc.stderr
+
+
+def test_case_names_are_checked_before_anything_runs():
+    from launch.gpu_learner_check import parse_case
+
+    assert parse_case('learn-bfloat16-zero3+data_types.grad_accum_dtype="fp32"') == (
+        "learn", "bfloat16", 3, {"data_types.grad_accum_dtype": "fp32"})
+    assert parse_case("fixed-float32-zero1+overlap_comm=false") == ("fixed", "float32", 1, {"overlap_comm": False})
+    for bad, named in [("learn-fp16-zero2", "learn-fp16-zero2"), ("fixed-float32-zero4", "zero<1|2|3>"),
+                       ("learn-float32-zero2+overlap_comm", "'overlap_comm' is not key=<json value>"),
+                       ("learn-float32-zero2+x=fp32", "'x=fp32' is not")]:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            parse_case(bad)
+    proc = subprocess.run([sys.executable, "-m", "launch.gpu_learner_check", "--device", "cpu", "--cases", "lean"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "case 'lean'" in proc.stderr
