@@ -31,6 +31,7 @@ from actors import zero_engine
 from configs.learner import AlgorithmConfig, LearnerConfig
 from core import advantages as adv
 from core.batching import MicroBatch, TrainSample, count_micro_batches, micro_batches, split
+from core.trajectory import Trajectory
 from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, decoupled_ppo_loss, finish_stats
 from core.cpu_affinity import pin_to_cores
 from core.lr_schedule import lr_multiplier
@@ -59,6 +60,15 @@ class PublisherOptions:
     workers_per_replica: int = 1  # collective: each replica's vLLM workers (its tensor-parallel size on GPU)
     timeout_s: float = 300.0  # collective: how long a member may take its part in a transfer
     shm: bool = True  # zmq: same-node subscribers read versions from shared memory (core.weights_shm)
+
+
+def prepare_samples(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig) -> list[TrainSample]:
+    """Attach advantages computed over the whole batch (none for gae: the ranks compute those)."""
+    if algorithm.adv_estimator == "gae":
+        return [TrainSample(t) for t in trajectories]
+    advantages = adv.compute_advantages(trajectories, algorithm.adv_estimator, gamma=algorithm.gamma,
+                                        norm_by_std=algorithm.norm_adv_by_std)
+    return [TrainSample(t, a) for t, a in zip(trajectories, advantages)]
 
 
 class Learner:

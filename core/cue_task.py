@@ -93,6 +93,9 @@ def load_weights(model, tensors: dict) -> None:
     missing = set(state) - set(tensors)
     assert not missing, f"weights missing from the published set: {sorted(missing)[:5]}"
     for name, tb in tensors.items():
-        dtype = getattr(torch, tb.dtype)
-        value = torch.frombuffer(bytearray(tb.data), dtype=dtype).reshape(tb.shape)
-        state[name].copy_(value)
+        state[name].copy_(tensor_of(tb))
+
+
+def tensor_of(tb) -> torch.Tensor:
+    """A received tensor (TensorBytes) as a torch tensor of its own dtype and shape, in memory of its own."""
+    return torch.frombuffer(bytearray(tb.data), dtype=getattr(torch, tb.dtype)).reshape(tb.shape)

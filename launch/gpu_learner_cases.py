@@ -36,18 +36,16 @@ def _learner(model_dir: str, dtype: str, stage: int, device: str, publisher=None
 
 
 def _samples(batch):
-    from core.advantages import compute_advantages
-    from core.batching import TrainSample
+    from actors.learner import prepare_samples
+    from configs.learner import AlgorithmConfig
 
-    adv = compute_advantages(batch, "grpo", gamma=1.0, norm_by_std=True)
-    return [TrainSample(t, a) for t, a in zip(batch, adv)]
+    return prepare_samples(batch, AlgorithmConfig(adv_estimator="grpo"))
 
 
 def _weights(tensors) -> dict[str, np.ndarray]:
-    import torch
+    from core.cue_task import tensor_of
 
-    return {t.name: torch.frombuffer(bytearray(t.data), dtype=getattr(torch, t.dtype)).float().reshape(t.shape)
-            .numpy() for t in tensors}
+    return {t.name: tensor_of(t).float().numpy() for t in tensors}
 
 
 def _zero_options(options: dict) -> None:

@@ -29,10 +29,9 @@ import ray  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from actors.learner import Learner, PublisherOptions  # noqa: E402
+from actors.learner import Learner, PublisherOptions, prepare_samples  # noqa: E402
 from configs.learner import AlgorithmConfig, LearnerConfig  # noqa: E402
-from core.advantages import compute_advantages  # noqa: E402
-from core.batching import TrainSample, shard  # noqa: E402
+from core.batching import shard  # noqa: E402
 from core.curve import CurveServer  # noqa: E402
 from core.trajectory import Trajectory  # noqa: E402
 from core.weights_channel import TensorBytes  # noqa: E402
@@ -40,15 +39,6 @@ from launch.placement import learner_bundle, learner_rank_options, visibility_pr
 
 log = logging.getLogger("agentgym.learners")
 LOOPBACK = "127.0.0.1"
-
-
-def prepare_samples(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig) -> list[TrainSample]:
-    """Attach advantages computed over the whole batch (none for gae: the ranks compute those)."""
-    if algorithm.adv_estimator == "gae":
-        return [TrainSample(t) for t in trajectories]
-    advantages = compute_advantages(trajectories, algorithm.adv_estimator, gamma=algorithm.gamma,
-                                    norm_by_std=algorithm.norm_adv_by_std)
-    return [TrainSample(t, a) for t, a in zip(trajectories, advantages)]
 
 
 def _node_of(actor) -> tuple[str, str]:
