@@ -10,9 +10,10 @@ pool), one per mode and workload, differing only in what the mode names:
 
 Every mode does the same work. The env is the scripted `workload` family (environments/examples/workload.py),
 whose episodes take the turns their item sets, whatever the model writes; replies have a fixed length
-(`rollout.min_tokens_per_turn` = `rollout.max_tokens_per_turn`); the items come from the same seeded sampler,
-and batches are taken in the order groups started (`trainer.batch_order=submission`), so step k trains the
-same items in every mode. The bench fails if the trained tokens of any timed step differ by more than 1 %
+(`rollout.min_tokens_per_turn` = `rollout.max_tokens_per_turn` = `--tokens-per-turn`, 128: an agent's thought
+and action, under the 200 to 512 tokens a turn the paper's recipes allow); the items come from the same
+seeded sampler, and batches are taken in the order groups started (`trainer.batch_order=submission`), so step
+k trains the same items in every mode. The bench fails if the trained tokens of any timed step differ by more than 1 %
 between modes. Two workloads:
 
 - `fixed`: every episode takes `--turns` (3) turns;
@@ -154,7 +155,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--groups", type=int, default=2, help="groups per step")
     parser.add_argument("--group-size", type=int, default=4, help="samples per group")
     parser.add_argument("--turns", type=int, default=3, help="turns of every episode of the fixed workload")
-    parser.add_argument("--tokens-per-turn", type=int, default=32, help="every reply's length in tokens")
+    parser.add_argument("--tokens-per-turn", type=int, default=128,
+                        help="every reply's length in tokens (128: under the paper's per-turn budgets of 200 to 512; "
+                             "at 32 the learner, not generation, is the larger phase on two CPU cores)")
     parser.add_argument("--eta", type=int, default=4, help="max_staleness of the async mode")
     parser.add_argument("--lr", type=float, default=1e-9, help="learner.lr (tiny: the workload stays fixed)")
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
