@@ -31,12 +31,12 @@ from actors import zero_engine
 from configs.learner import AlgorithmConfig, LearnerConfig
 from core import advantages as adv
 from core.batching import MicroBatch, TrainSample, count_micro_batches, micro_batches, split
-from core.trajectory import Trajectory
 from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, decoupled_ppo_loss, finish_stats
 from core.cpu_affinity import pin_to_cores
 from core.lr_schedule import lr_multiplier
 from core.token_scorer import Scores, TokenScorer, policy_state_names
 from core.curve import CurveServer
+from core.trajectory import Trajectory
 from core.weights_channel import TensorBytes, WeightPublisher
 
 log = logging.getLogger("agentgym.learner")
