@@ -127,7 +127,8 @@ class Coordinator:
                 self.gate.on_discarded()
 
     def _admit(self) -> None:
-        room = min(self.gate.capacity(self.state.version), self.max_in_flight - self.buffer.in_flight)
+        room = min(self.gate.capacity(self.state.version, self.total_steps),
+                   self.max_in_flight - self.buffer.in_flight)
         for _ in range(max(0, room)):
             self._start_group()
 

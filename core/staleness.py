@@ -6,6 +6,8 @@ Admission (as in AReaL): while the learner's weights are version v, at most (v +
 been started, B being the groups of one train batch. Groups that were thrown away (stale, env failures, lost)
 give their place back, so a failure never starves the run. With eta = 0 this is the synchronous mode: exactly one
 batch is generated per version, and generation waits while the learner trains.
+No more groups start than the run's steps will train (net of those thrown away): near its end an async run
+stops generating ahead, so the last steps' groups have the generators to themselves.
 
 Filter: at training time a trajectory whose oldest sampled token is more than eta versions behind the learner is
 not trained on; its group is dropped and counted. Admission keeps this rare, but an episode that runs through
@@ -29,9 +31,12 @@ class StalenessGate:
         if self.max_staleness < 0 or self.groups_per_step < 1:
             raise ValueError(f"need eta >= 0 and B >= 1, got eta={self.max_staleness}, B={self.groups_per_step}")
 
-    def capacity(self, version: int) -> int:
-        """How many more groups may start while the learner is at `version`."""
-        allowed = (version + self.max_staleness + 1) * self.groups_per_step
+    def capacity(self, version: int, total_steps: int = 0) -> int:
+        """How many more groups may start while the learner is at `version`; given the run's `total_steps`,
+        never more than its steps will train: a group started for a step after the last would be thrown away,
+        and until then it takes the generator's time from the groups the last steps wait for."""
+        ahead = version + self.max_staleness + 1
+        allowed = (min(ahead, total_steps) if total_steps > 0 else ahead) * self.groups_per_step
         return max(0, allowed - (self.started - self.discarded))
 
     def on_started(self, n: int = 1) -> None:

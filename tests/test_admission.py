@@ -68,6 +68,13 @@ class _Pools:
         await asyncio.sleep(3600)
 
 
+class _Quiet:
+    """A receiver on which nothing arrives."""
+
+    def recv(self, timeout_ms):
+        time.sleep(timeout_ms / 1000)
+
+
 class _BrokenReceiver:
     """A receiver whose recv raises what no decoder should: the pump thread dies of it."""
 
@@ -80,11 +87,17 @@ class _BrokenReceiver:
         raise AssertionError("not reached")
 
 
+def _coordinator(receiver, gate=None, total_steps=1, max_in_flight=1, **kwargs) -> Coordinator:
+    """A coordinator over `_Pools` on one BabyAI item, groups of 2, a 4-turn horizon; no learner is reached."""
+    return Coordinator(
+        pools=_Pools(), learners=None, receiver=receiver,
+        sampler=ItemSampler({"babyai": ["babyai_1"]}, {"babyai": 1.0}), gate=gate or StalenessGate(1, 1),
+        schedule=HorizonSchedule((4,)), group_size=2, total_steps=total_steps, max_in_flight=max_in_flight,
+        on_step=lambda *a: None, should_checkpoint=lambda s: False, save=lambda s: None, **kwargs)
+
+
 def test_a_dead_receiver_thread_fails_the_run_within_seconds():
-    coordinator = Coordinator(
-        pools=_Pools(), learners=None, receiver=_BrokenReceiver(), sampler=ItemSampler({"babyai": ["babyai_1"]}, {"babyai": 1.0}),
-        gate=StalenessGate(1, 1), schedule=HorizonSchedule((4,)), group_size=2, total_steps=1,
-        max_in_flight=1, on_step=lambda *a: None, should_checkpoint=lambda s: False, save=lambda s: None)
+    coordinator = _coordinator(_BrokenReceiver())
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="receiver thread died.*TypeError"):
         asyncio.run(asyncio.wait_for(coordinator.run(), timeout=30))
@@ -92,14 +105,22 @@ def test_a_dead_receiver_thread_fails_the_run_within_seconds():
 
 
 def test_a_role_reporting_a_broken_channel_fails_the_run():
-    class Quiet:
-        def recv(self, timeout_ms):
-            time.sleep(timeout_ms / 1000)
-
-    coordinator = Coordinator(
-        pools=_Pools(), learners=None, receiver=Quiet(), sampler=ItemSampler({"babyai": ["babyai_1"]}, {"babyai": 1.0}),
-        gate=StalenessGate(1, 1), schedule=HorizonSchedule((4,)), group_size=2, total_steps=1,
-        max_in_flight=1, on_step=lambda *a: None, should_checkpoint=lambda s: False, save=lambda s: None,
-        health=lambda: "generator-0: the weights thread died: OverflowError", health_every_s=0.5)
+    coordinator = _coordinator(_Quiet(), health=lambda: "generator-0: the weights thread died: OverflowError",
+                               health_every_s=0.5)
     with pytest.raises(RuntimeError, match="generator-0: the weights thread died"):
         asyncio.run(asyncio.wait_for(coordinator.run(), timeout=30))
+
+
+def test_an_async_run_starts_no_group_that_no_step_will_train():
+    """eta 4 and room for 16 groups in flight, but 2 steps of 2 groups: only 4 groups start (episodes never
+    finish here, so nothing is discarded and no place is given back)."""
+    started = []
+    coordinator = _coordinator(_Quiet(), StalenessGate(4, 2), total_steps=2, max_in_flight=16,
+                               on_group_started=started.append)
+
+    async def run_briefly():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(coordinator.run(), timeout=1.5)
+
+    asyncio.run(run_briefly())
+    assert len(started) == 4 and coordinator.gate.started == 4

@@ -40,3 +40,12 @@ def test_freshness_filter(eta, oldest, version, fresh):
 def test_state_round_trip():
     gate = StalenessGate(1, 2, started=7, discarded=2, dropped_stale=1)
     assert StalenessGate.from_state(gate.state_dict()) == gate
+
+
+def test_no_more_groups_start_than_the_run_will_train():
+    gate = StalenessGate(max_staleness=4, groups_per_step=2)
+    assert gate.capacity(0) == 10 and gate.capacity(0, total_steps=3) == 6
+    gate.on_started(6)
+    assert gate.capacity(2, total_steps=3) == 0  # the last step's groups are running: nothing more to start
+    gate.on_discarded(1)  # one of them failed: its place is given back, or the last step could never fill
+    assert gate.capacity(2, total_steps=3) == 1
