@@ -37,20 +37,23 @@ def test_the_runs_are_valid_configs_differing_only_in_their_mode(tmp_path):
     assert tail.env.options["workload"] == {"turns": 1, "long_tail": True} and tail.algorithm.rounds_ctrl.rounds == 16
 
 
-def test_summary_skips_the_first_step_and_splits_wait_from_training():
+def test_summary_skips_the_first_step_and_the_drain_and_splits_wait_from_training():
     rows = [{"perf/step_seconds": 100.0, "perf/learner_idle_frac": 0.9, "perf/train_seconds": 5.0,
              "perf/publish_seconds": 1.0, "train/batch_tokens": 10.0, "train/staleness/0": 1.0}]
     rows += [{"perf/step_seconds": s, "perf/learner_idle_frac": w / s, "perf/train_seconds": s - w - 1.0,
               "perf/publish_seconds": 1.0, "train/batch_tokens": 800.0, "train/staleness/0": 0.5}
-             for s, w in ((40.0, 10.0), (60.0, 30.0))]
-    got = bench.summarise(rows)
+             for s, w in ((40.0, 10.0), (60.0, 30.0), (20.0, 0.0))]  # the last: the drain, trained alone
+    got = bench.summarise(rows, drain=1)
     assert got["step_s"] == pytest.approx(50.0) and got["wait_s"] == pytest.approx(20.0)
     assert got["train_s"] == pytest.approx(30.0) and got["stale_frac"] == pytest.approx(0.5)
-    assert got["step_tokens"] == [800.0, 800.0]
+    assert got["whole_run_step_s"] == pytest.approx(40.0)  # (40 + 60 + 20) / 3
+    assert got["step_tokens"] == [800.0, 800.0, 800.0]  # the same work is checked on every step after the first
+    with pytest.raises(SystemExit, match="leave none"):
+        bench.summarise(rows[:2], drain=1)
 
 
 def test_token_check_and_ideals():
-    same = {"step_s": 10.0, "wait_s": 6.0, "train_s": 4.0, "step_tokens": [1000.0, 2000.0]}
+    same = {"step_s": 10.0, "wait_s": 6.0, "train_s": 4.0, "step_tokens": [1000.0, 2000.0], "whole_run_step_s": 9.0}
     results = {"sync_colocated": {**same, "step_s": 8.0}, "sync_pinned": same,
                "async": {**same, "step_s": 5.0, "step_tokens": [1000.0, 2005.0]}}
     gap, where = bench.token_mismatch(results)
@@ -64,6 +67,14 @@ def test_token_check_and_ideals():
     assert got["async_over_sync_colocated_fixed"] == pytest.approx(1.6)
     assert got["async_over_sync_colocated_fixed_ideal"] == pytest.approx(8 / 6)
     assert got["async_over_sync_colocated_fixed_learner_bound"] == pytest.approx(8 / 4)
+    assert got["async_over_sync_colocated_fixed_whole_run"] == pytest.approx(1.0)  # 9 / 9: the drain's share
     without_pinned = bench.ratios("longtail", {k: v for k, v in results.items() if k != "sync_pinned"})
     assert set(without_pinned) == {"async_over_sync_colocated_longtail",
-                                   "async_over_sync_colocated_longtail_learner_bound"}
+                                   "async_over_sync_colocated_longtail_learner_bound",
+                                   "async_over_sync_colocated_longtail_whole_run"}
+
+
+def test_too_few_steps_to_time_any_beyond_the_drain_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--steps", "6", "--eta", "4"])  # the first and the drain's 5 leave none
+    assert "--steps: at least 7" in capsys.readouterr().err

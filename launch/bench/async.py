@@ -21,7 +21,10 @@ between modes. Two workloads:
   16 turns with 1/4, 1/8, 1/16, 1/16: a mean of 3, and a few episodes 8 to 16 times longer than most), the
   shape of agent tasks, where a synchronous step waits for its longest episode.
 
-Measured per run over the steps after the first (which fills the pipeline and warms the engine): seconds per
+Measured per run over the same steps in every mode: those after the first (which fills the pipeline and warms
+the engine) and before the drain, the last eta + 1 steps, which an async run trains after its last group started
+(admission never starts a group no step will train), so its learner has them mostly to itself. A long run has
+almost no drain, so the ratios leave it out; `*_whole_run` beside them counts every step after the first. Seconds per
 step (the coordinator's `perf/step_seconds`); in the synchronous runs, the generation time G (the learner's
 wait for its batch) and the training time T (training plus publishing). The ideal of overlapping the two
 phases on the pinned cores is max(G, T) of the workload's `sync_pinned` run per step, so an async ratio over a
@@ -99,8 +102,11 @@ def run_mode(args: argparse.Namespace, mode: str, workload: str, root: Path) -> 
     return rows
 
 
-def summarise(rows: list[dict]) -> dict:
-    steady = rows[1:]
+def summarise(rows: list[dict], drain: int) -> dict:
+    """Means over the steady steps (after the first, before the last `drain`); tokens of every step after the first."""
+    steady = rows[1:len(rows) - drain]
+    if not steady:
+        raise SystemExit(f"bench async: {len(rows)} steps leave none between the first and the {drain} of the drain")
 
     def mean(key: str, times: str = "") -> float:
         return sum(r.get(key, 0.0) * (r.get(times, 0.0) if times else 1.0) for r in steady) / len(steady)
@@ -108,7 +114,8 @@ def summarise(rows: list[dict]) -> dict:
     return {"step_s": mean("perf/step_seconds"), "wait_s": mean("perf/learner_idle_frac", "perf/step_seconds"),
             "train_s": mean("perf/train_seconds") + mean("perf/publish_seconds"),
             "tokens": mean("train/batch_tokens"), "stale_frac": 1.0 - mean("train/staleness/0"),
-            "step_tokens": [r.get("train/batch_tokens", 0.0) for r in steady]}
+            "whole_run_step_s": sum(r.get("perf/step_seconds", 0.0) for r in rows[1:]) / len(rows[1:]),
+            "step_tokens": [r.get("train/batch_tokens", 0.0) for r in rows[1:]]}
 
 
 def token_mismatch(results: dict[str, dict]) -> tuple[float, str]:
@@ -137,6 +144,7 @@ def ratios(workload: str, results: dict[str, dict]) -> dict[str, float | bool]:
             continue
         key = f"async_over_{base}_{workload}"
         figures[key] = results[base]["step_s"] / results["async"]["step_s"]
+        figures[f"{key}_whole_run"] = results[base]["whole_run_step_s"] / results["async"]["whole_run_step_s"]
         # a hard bound: the learner trains one batch at a time, so no async step is shorter than its training
         figures[f"{key}_learner_bound"] = results[base]["step_s"] / max(results["async"]["train_s"], 1e-9)
         if best:
@@ -151,7 +159,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--autocast", default="bfloat16", choices=("none", "bfloat16"),
                         help="learner.cpu_autocast of every run (the default config's bfloat16 products under "
                              "float32 weights; none: float32 throughout, as the figures before 2026-12-04)")
-    parser.add_argument("--steps", type=int, default=9, help="training steps per run (the first is not timed)")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="training steps per run (default 1 + 8 + eta + 1: the first and the drain's eta + 1 "
+                             "are not timed, leaving 8)")
     parser.add_argument("--groups", type=int, default=2, help="groups per step")
     parser.add_argument("--group-size", type=int, default=4, help="samples per group")
     parser.add_argument("--turns", type=int, default=3, help="turns of every episode of the fixed workload")
@@ -172,30 +182,35 @@ def main(argv: list[str]) -> int:
     for given, known, flag in ((workloads, WORKLOADS, "--workloads"), (modes, MODES, "--modes")):
         if not given or set(given) - set(known):
             parser.error(f"{flag}: expected some of {','.join(known)}, got {','.join(given)}")
-    if args.steps < 2:
-        parser.error("--steps: at least 2 (the first is not timed)")
+    drain = args.eta + 1
+    args.steps = args.steps or 1 + 8 + drain
+    if args.steps < 2 + drain:
+        parser.error(f"--steps: at least {2 + drain} (the first and the last eta + 1 = {drain} are not timed)")
 
-    figures: dict[str, float | bool | str] = {"steps_timed": args.steps - 1, "eta": args.eta, "autocast": args.autocast}
+    figures: dict[str, float | bool | str] = {"steps_timed": args.steps - 1 - drain, "drain_steps": drain,
+                                              "eta": args.eta, "autocast": args.autocast}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(args.keep).resolve() if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         for workload in workloads:
-            results = {mode: summarise(run_mode(args, mode, workload, root)) for mode in modes}
+            results = {mode: summarise(run_mode(args, mode, workload, root), drain) for mode in modes}
             gap, where = token_mismatch(results)
             figures[f"token_gap_{workload}"] = gap
-            print(table(["mode", "s/step", "learner wait s", "train+publish s", "tokens/step", "stale frac"],
-                        [[m, r["step_s"], r["wait_s"], r["train_s"], r["tokens"], r["stale_frac"]]
-                         for m, r in results.items()]))
+            print(table(["mode", "s/step", "learner wait s", "train+publish s", "tokens/step", "stale frac",
+                         "s/step whole run"],
+                        [[m, r["step_s"], r["wait_s"], r["train_s"], r["tokens"], r["stale_frac"],
+                          r["whole_run_step_s"]] for m, r in results.items()]))
             if gap > TOKEN_TOLERANCE:
                 raise SystemExit(f"bench async: the modes did not train the same tokens on the {workload} "
                                  f"workload ({gap:.1%} apart at {where}); the comparison would not be like "
                                  "with like")
             found = ratios(workload, results)
             for key, value in found.items():
-                if key.startswith("async_over_") and not key.endswith(("_ideal", "_above_ideal", "_bound")):
+                if key.startswith("async_over_") and not key.endswith(("_ideal", "_above_ideal", "_bound", "_run")):
                     ideal = found.get(f"{key}_ideal")
                     note = "" if ideal is None else f" (ideal {ideal:.3f}, {value / ideal:.0%} of it)"
                     note += f"; learner bound {found[f'{key}_learner_bound']:.3f}"
+                    note += f"; whole run, drain included, {found[f'{key}_whole_run']:.3f}"
                     flag = "  ABOVE THE IDEAL" if found.get(f"{key}_above_ideal") else ""
                     print(f"{key} = {value:.3f}{note}{flag}")
             if any(v is True for k, v in found.items() if k.endswith("_above_ideal")):
