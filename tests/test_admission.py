@@ -69,7 +69,8 @@ class _Pools:
 
 
 class _Quiet:
-    """A receiver on which nothing arrives."""
+    """A receiver on which nothing arrives: these tests are about admission and the watchdog, which never read
+    a trajectory, so a ZMQ socket would only add a port to the test."""
 
     def recv(self, timeout_ms):
         time.sleep(timeout_ms / 1000)
