@@ -9,6 +9,8 @@ What must hold:
   for each group when it starts.
 - eta = 0 is the synchronous mode with the same code: one batch is admitted per policy version, so generation
   is idle while the learner trains.
+- Admission counts from the version every generator has acked (actors/publication.py), freshness from the
+  learner's own: the learner trains the next step while the generators take the version just published.
 - Ids: group `g<counter>-<item>`, trajectory `<group>.a<incarnation>.s<sample>`; the incarnation counts
   resumes, so no id repeats across a crash. A group is trained at most once: its id goes into the lineage
   log `trained.jsonl` with the step that trained it, and a resumed run truncates that log to its checkpoint.
@@ -26,6 +28,7 @@ from typing import Any, Callable
 
 from actors.episode_watch import EpisodesFailing, EpisodeWatch
 from actors.group_buffer import GroupBuffer, GroupInfo
+from actors.publication import Publication
 from core.heap import freeze_startup_heap, thaw_heap
 from core.horizon import HorizonSchedule
 from core.metrics import rollout_metrics
@@ -69,7 +72,6 @@ class Coordinator:
         self.max_trained_turns = max_trained_turns  # 0: no budget of trained turns
         self.on_step, self.should_checkpoint, self.save = on_step, should_checkpoint, save
         self.state = state or RunState()
-        self.ack_timeout_s = ack_timeout_s
         self.on_group_started = on_group_started
         if batch_order not in ("completion", "submission"):
             raise ValueError(f"batch_order: expected completion or submission, got {batch_order!r}")
@@ -83,7 +85,8 @@ class Coordinator:
         self._fatal: BaseException | None = None
         self._pump_error: BaseException | None = None
         self.health, self.health_every_s, self.needs_republish = health, health_every_s, needs_republish
-        self._weights_channel: dict[str, float] = {}
+        self.weights = Publication(lambda: self.learners, self.state.version, ack_timeout_s,
+                                   lambda: self.stop_requested, self._served)
         self.episode_watch = episode_watch or EpisodeWatch()
 
     # -- admission --------------------------------------------------------------------------------------------
@@ -97,7 +100,7 @@ class Coordinator:
             item_id, draw = self.sampler.next_item(), self.sampler.drawn - 1
             group_id = f"g{state.next_group:07d}-{item_id}"
             state.next_group += 1
-        info = GroupInfo(group_id, item_id, self.schedule.horizon_at(step), step, state.version, draw,
+        info = GroupInfo(group_id, item_id, self.schedule.horizon_at(step), step, self.weights.served, draw,
                          attempt=state.incarnation)
         self.buffer.start(info)
         self.gate.on_started()
@@ -127,7 +130,7 @@ class Coordinator:
                 self.gate.on_discarded()
 
     def _admit(self) -> None:
-        room = min(self.gate.capacity(self.state.version, self.total_steps),
+        room = min(self.gate.capacity(self.weights.served, self.total_steps),
                    self.max_in_flight - self.buffer.in_flight)
         for _ in range(max(0, room)):
             self._start_group()
@@ -157,6 +160,7 @@ class Coordinator:
         """The watchdog: a dead receiver thread or a role reporting a broken channel ends the run, named."""
         if not pump.is_alive():
             raise RuntimeError(f"the trajectory receiver thread died: {self._pump_error!r}") from self._pump_error
+        await self.weights.check()
         now = time.monotonic()
         if self.health is not None and now - self._health_at >= self.health_every_s:
             self._health_at = now
@@ -165,7 +169,7 @@ class Coordinator:
                 raise RuntimeError(f"a channel of the run failed: {problem}")
             if self.needs_republish is not None and self.needs_republish():
                 log.warning("publishing weights version %d again for a restarted generator", self.state.version)
-                await self._publish()
+                await self.weights.publish(wait=True)
 
     def _file(self, traj: Trajectory) -> None:
         self._received += 1
@@ -205,7 +209,7 @@ class Coordinator:
         pump.start()
         try:
             if self.state.step > 0:  # a resumed run: generators start from the base weights
-                await self._publish()
+                await self.weights.publish(wait=True)
             waited_since = time.monotonic()
             self._health_at = waited_since
             while self.state.step < self.total_steps and not self.stop_requested and not self.turns_spent:
@@ -231,8 +235,10 @@ class Coordinator:
                 waited_since = time.monotonic()
                 if self.should_checkpoint(self.state.step):
                     await asyncio.to_thread(self.save, self.snapshot())
+            await self.weights.settle()  # what runs next (the final evaluation) samples the last version
             return self.state
         finally:
+            await self.weights.close()
             stop.set()
             for task in list(self._episodes):
                 task.cancel()
@@ -240,40 +246,10 @@ class Coordinator:
             pump.join(timeout=5)
             thaw_heap()  # a process that goes on after the run (tests, benches) collects as before
 
-    async def _publish(self) -> float:
-        started = time.monotonic()
-        info = await asyncio.to_thread(self.learners.publish_weights)
-        acks = await self._wait_acks(info["version"])
-        if acks is None:  # a stop was requested: the version is trained and saved, published after a resume
-            self.state.version = info["version"]
-            return time.monotonic() - started
-        # A replica skipped as stalled keeps its older weights; the staleness gate bounds what it contributes.
-        stalled = {name: err for name, (ok, err) in acks.items() if not ok and err.startswith("stalled:")}
-        failed = {name: err for name, (ok, err) in acks.items() if not ok and name not in stalled}
-        if failed:
-            raise RuntimeError(f"generators failed to apply weights version {info['version']}: {failed}")
-        if stalled:
-            log.warning("weights version %d skipped stalled generators: %s", info["version"], stalled)
-        channel = self._weights_channel
-        channel["transport/weights_stalled"] = channel.get("transport/weights_stalled", 0.0) + len(stalled)
-        channel["transport/weights_bad_control_messages"] = float(info.get("bad_control_messages", 0))
-        channel["transport/weights_auth_refused"] = float(info.get("auth_refused", 0))
-        self.state.version = info["version"]
-        return time.monotonic() - started
-
-    async def _wait_acks(self, version: int, slice_s: float = 2.0) -> dict | None:
-        """Every generator's ack of `version`, waited for in short slices so that a stop request is seen within
-        seconds (and the learner is free for the final checkpoint); None when a stop came first."""
-        deadline = time.monotonic() + self.ack_timeout_s
-        while True:
-            if self.stop_requested:
-                return None
-            left = deadline - time.monotonic()
-            try:
-                return await asyncio.to_thread(self.learners.wait_acks, version, max(0.05, min(slice_s, left)))
-            except Exception as exc:  # a Ray error wrapping the publisher's TimeoutError, or that error itself
-                if "no ack from" not in str(exc) or left <= slice_s:
-                    raise
+    def _served(self, version: int) -> None:
+        """Every generator has `version`: admission may go on, so the loop wakes at once."""
+        if self._arrived is not None:
+            self._arrived.put_nowait([])
 
     async def _train(self, batch: list[GroupInfo], wait_s: float) -> None:
         trajs = [t for g in batch for t in sorted(g.samples, key=lambda t: t.sample_index)]
@@ -286,7 +262,8 @@ class Coordinator:
         if self.stop_requested:
             publish_s, self.state.version = 0.0, self.state.version + 1
         else:
-            publish_s = await self._publish()
+            publish_s = await self.weights.publish()
+            self.state.version = self.weights.published
         self.state.step += 1
         turns = float(sum(t.num_turns for t in trajs))
         self.state.counters["trained_turns"] = self.state.counters.get("trained_turns", 0.0) + turns
@@ -321,7 +298,7 @@ class Coordinator:
         stats = self.receiver.stats
         out = {"transport/bad_messages": float(stats.dropped),
                "transport/auth_refused": float(getattr(self.receiver, "auth_refused", 0)),
-               **self._weights_channel}
+               **self.weights.channel}
         for reason, count in stats.dropped_by_reason.items():
             out[f"transport/bad_messages/{reason}"] = float(count)
         for reason, count in self.buffer.rejected.items():

@@ -13,6 +13,9 @@ What must hold:
   global totals, and scaled by the world size because DeepSpeed averages gradients over ranks.
 - `version` counts completed train steps (plus the version loaded from a checkpoint); weights published as
   version v are the weights after v train steps. Rank 0 alone publishes; every rank takes part in gathering.
+- `wait_acks` may be called from another thread while a step trains (launch/learners.py gives it its own
+  Ray concurrency group), so that generators take version v while the learner trains v + 1; the publisher's
+  sockets are used under one lock, by one thread at a time.
 - A checkpoint (DeepSpeed's format: model, optimizer, LR scheduler, plus the version) is written by every rank
   into one directory, which must be shared storage when ranks live on different nodes.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -94,6 +98,7 @@ class Learner:
         self.engine = None
         self.reference = None
         self.publisher: WeightPublisher | None = None
+        self._publishing = threading.Lock()  # the publisher's sockets: one thread at a time
         self._listener = None  # rank 0's rendezvous socket (listen)
 
     # -- set-up ---------------------------------------------------------------------------------------------
@@ -342,6 +347,10 @@ class Learner:
 
     def publish_weights(self) -> dict:
         """Gather (every rank) and send the current version to every subscriber (rank 0)."""
+        with self._publishing:
+            return self._publish_weights()
+
+    def _publish_weights(self) -> dict:
         start = time.perf_counter()
         sent, bad, refused, relinked = 0, 0, 0, 0
         if self.publisher is not None and not isinstance(self.publisher, WeightPublisher):
@@ -361,13 +370,17 @@ class Learner:
                 "bad_control_messages": bad, "auth_refused": refused, "relinked": relinked}
 
     def wait_for_subscribers(self, n: int, timeout_s: float) -> int:
-        if self.publisher is None:
-            return 0
-        self.publisher.wait_for_peers(n, timeout_s)
-        return len(self.publisher.peers)
+        with self._publishing:
+            if self.publisher is None:
+                return 0
+            self.publisher.wait_for_peers(n, timeout_s)
+            return len(self.publisher.peers)
 
     def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
-        return self.publisher.wait_acks(version, timeout_s) if self.publisher is not None else {}
+        """{subscriber: (ok, error)} once every subscriber acked `version` (TimeoutError after `timeout_s`).
+        Safe to call while a step trains on another thread."""
+        with self._publishing:
+            return self.publisher.wait_acks(version, timeout_s) if self.publisher is not None else {}
 
     def save_checkpoint(self, path: str) -> None:
         """Model, optimizer and LR scheduler in DeepSpeed's layout under `path`/learner, plus the version."""
@@ -394,6 +407,7 @@ class Learner:
         return out
 
     def close(self) -> None:
-        if self.publisher is not None:
-            self.publisher.close()
-            self.publisher = None
+        with self._publishing:
+            if self.publisher is not None:
+                self.publisher.close()
+                self.publisher = None

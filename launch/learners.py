@@ -8,6 +8,9 @@ What must hold:
 - The ranks rendezvous at 127.0.0.1 when they share a node, else at rank 0's node address; rank 0 picks the
   port. Every call goes to every rank at once (the ranks run collectives), and a failure on any rank raises
   here at once instead of leaving the others waiting in a collective.
+- `wait_acks` runs in its own Ray concurrency group (`acks`, one thread): the coordinator waits there for the
+  generators to take version v while the default group trains v + 1 (actors/learner.py keeps the publisher to
+  one thread at a time).
 - `train_step` takes a whole batch of trajectories: advantages are computed over the whole batch first (group
   estimators need whole groups, REINFORCE++ whitens over the batch; GAE is left to the ranks, which hold the
   value head), then the batch is sharded over ranks balanced by tokens.
@@ -55,6 +58,14 @@ def _check_visibility(actors: list, gpus_per_rank: float) -> None:
         raise RuntimeError("learner ranks see the wrong GPUs: " + "; ".join(bad))
 
 
+class _LearnerRank(Learner):
+    """One rank as a Ray actor: the learner, with `wait_acks` in the `acks` concurrency group."""
+
+    @ray.method(concurrency_group="acks")
+    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
+        return super().wait_acks(version, timeout_s)
+
+
 def _all(refs: list) -> list:
     """Results of one call on every rank; the first failure raises without waiting for the rest."""
     pending = list(refs)
@@ -84,7 +95,7 @@ class LearnerGroup:
         self.actors: list = []
         try:
             ray.get(self._pg.ready(), timeout=setup_timeout_s)
-            remote = ray.remote(Learner)
+            remote = ray.remote(concurrency_groups={"acks": 1})(_LearnerRank)
             self.actors = [
                 remote.options(**with_role_log(learner_rank_options(
                     learner, rank, name, PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank)),
