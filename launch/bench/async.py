@@ -8,6 +8,11 @@ pool), one per mode and workload, differing only in what the mode names:
 - `sync_pinned`: eta 0, the generator (with the env pool) on one core and the learner on the other;
 - `async`: eta `--eta` (4), pinned as `sync_pinned`, so generation runs on while the learner trains.
 
+Every mode applies a weight update with `generator.on_weight_update` = `--on-weight-update` (default `abort`:
+the requests in flight stop for the engine's load and continue on the new weights, AReaL's interruptible
+rollout; `finish` lets them end first, which on a busy generator holds every new request back as long as a
+reply takes). Only async updates a busy generator: in the synchronous modes no request is in flight then.
+
 Every mode does the same work. The env is the scripted `workload` family (environments/examples/workload.py),
 whose episodes take the turns their item sets, whatever the model writes; replies have a fixed length
 (`rollout.min_tokens_per_turn` = `rollout.max_tokens_per_turn` = `--tokens-per-turn`, 128: an agent's thought
@@ -78,6 +83,7 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> 
         "env.families={workload: environments.examples.workload}", "env.mix={workload: 1}",
         f"env.options={{workload: {{turns: {turns}, long_tail: {str(long_tail).lower()}}}}}",
         "algorithm.rounds_ctrl.type=fixed", f"algorithm.rounds_ctrl.rounds={horizon}", *cores,
+        f"generator.on_weight_update={args.on_weight_update}",
         "checkpoint.every_steps=0", "eval.at_end=false", "logging.wandb_mode=disabled", "logging.progress_bar=false",
     ]
 
@@ -169,6 +175,9 @@ def main(argv: list[str]) -> int:
                         help="every reply's length in tokens (128: under the paper's per-turn budgets of 200 to 512; "
                              "at 32 the learner, not generation, is the larger phase on two CPU cores)")
     parser.add_argument("--eta", type=int, default=4, help="max_staleness of the async mode")
+    parser.add_argument("--on-weight-update", default="abort", choices=("abort", "finish"),
+                        help="generator.on_weight_update of every run (abort: requests in flight continue on the "
+                             "new weights; finish: they end on the old ones first)")
     parser.add_argument("--lr", type=float, default=1e-9, help="learner.lr (tiny: the workload stays fixed)")
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
@@ -188,7 +197,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--steps: at least {2 + drain} (the first and the last eta + 1 = {drain} are not timed)")
 
     figures: dict[str, float | bool | str] = {"steps_timed": args.steps - 1 - drain, "drain_steps": drain,
-                                              "eta": args.eta, "autocast": args.autocast}
+                                              "eta": args.eta, "autocast": args.autocast,
+                                              "on_weight_update": args.on_weight_update}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(args.keep).resolve() if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
