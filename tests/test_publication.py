@@ -111,8 +111,19 @@ def test_a_stop_request_ends_the_wait_for_acks_within_a_slice():
     assert asyncio.run(scenario()) < 1.0 and pub.served == 0
 
 
+@pytest.fixture
+def ray_local():
+    """A local Ray for this test, shut down after it if the test started it (later modules start their own)."""
+    from launch.ray_cluster import connect, shutdown
+
+    started = connect(num_cpus=2)
+    yield
+    if started == "local":
+        shutdown()
+
+
 @pytest.mark.slow
-def test_the_learner_group_answers_acks_while_a_step_trains(tiny_model_dir):
+def test_the_learner_group_answers_acks_while_a_step_trains(ray_local, tiny_model_dir):
     """A generator has not acked yet and the coordinator is waiting for it: the learner's next step still runs
     (wait_acks has its own Ray concurrency group), and the wait ends when the ack comes. With one thread for
     both, the step would queue behind the wait until it timed out."""
@@ -120,9 +131,7 @@ def test_the_learner_group_answers_acks_while_a_step_trains(tiny_model_dir):
     from core.weights_subscriber import WeightSubscriber
     from launch.bench.samples import make_trajectory
     from launch.learners import LearnerGroup
-    from launch.ray_cluster import connect
 
-    connect(num_cpus=2)
     group = LearnerGroup(tiny_model_dir, "float32", LearnerConfig(num_ranks=1, zero_stage=1, num_cpus_per_rank=0.5),
                          AlgorithmConfig(adv_estimator="grpo"), setup_timeout_s=120)
     sub = WeightSubscriber(group.weights_endpoint, name="gen-0")
