@@ -108,7 +108,7 @@ class Coordinator:
             self.on_group_started(info)
         for i in range(self.group_size):
             spec = EpisodeSpec(trajectory_id=f"{group_id}.a{info.attempt}.s{i}", item_id=item_id, group_id=group_id,
-                               sample_index=i, horizon=info.horizon)
+                               sample_index=i, horizon=info.horizon, priority=draw)
             task = asyncio.ensure_future(self._episode(spec))
             self._episodes.add(task)
             task.add_done_callback(self._episodes.discard)

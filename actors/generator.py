@@ -11,7 +11,10 @@ What must hold:
   weight update happens while the scheduler is paused, so each token's version is the weights it was sampled
   with, never a guess from the clock.
 - Continuous batching: each request goes to the engine the moment it arrives (an episode whose env answered
-  sends its next turn at once); vLLM batches whatever is in flight. There are no rounds.
+  sends its next turn at once); vLLM batches whatever is in flight. There are no rounds. When requests wait for
+  a seat (`max_num_seqs`) or the KV cache, `scheduling: priority` serves the one whose group started first (the
+  request's `priority`, the coordinator's draw order), so the groups the next batch waits for are not held up by
+  groups started after them; `fcfs` serves them in arrival order.
 - Weight updates (`apply_weights`, or a background thread on the weights channel) are applied in place,
   one at a time, with the scheduler paused: `finish` lets requests in flight complete on the old weights
   (their tokens keep the old version), `abort` cuts them at the update and keeps them in the engine, which
@@ -151,6 +154,7 @@ class Generator(CollectiveWeights):
             tensor_parallel_size=self.cfg.tensor_parallel_size if cuda else 1,
             distributed_executor_backend="uni" if single else "mp",
             worker_extension_cls=WORKER_EXTENSION, logprobs_mode="processed_logprobs",
+            scheduling_policy=self.cfg.scheduling,
             enforce_eager=self.cfg.enforce_eager, disable_log_stats=True,
         )
         return AsyncLLM.from_engine_args(args)
@@ -243,7 +247,8 @@ class Generator(CollectiveWeights):
             stop_token_ids=list(request.stop_token_ids) or None, detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        rid, final = await self._gate.call(lambda: self._final_output(prompt_ids, params, request.session_id))
+        rid, final = await self._gate.call(
+            lambda: self._final_output(prompt_ids, params, request.session_id, request.priority))
         out = final.outputs[0]
         ids = list(out.token_ids)
         if len(ids) and (out.logprobs is None or len(out.logprobs) != len(ids)):
@@ -255,15 +260,18 @@ class Generator(CollectiveWeights):
             raise RuntimeError(f"{self.name}: request {rid} finished with {out.finish_reason!r}")
         return ids, logprobs, versions, _FINISH[out.finish_reason]
 
-    async def _final_output(self, prompt_ids: list[int], params, tag: str):
-        """One engine request (a fresh id on every attempt); returns (request id, its final output)."""
+    async def _final_output(self, prompt_ids: list[int], params, tag: str, priority: int = 0):
+        """One engine request (a fresh id on every attempt); returns (request id, its final output). `priority`
+        orders it among waiting requests when the engine schedules by priority (it is sent as 0 otherwise)."""
         from vllm.inputs import TokensPrompt
 
         if self._broken:  # e.g. the update this request waited for failed half-way
             raise WeightUpdateError(self._broken)
         rid = f"{tag}-{uuid.uuid4().hex[:10]}"
         final = None
-        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, rid):
+        priority = priority if self.cfg.scheduling == "priority" else 0
+        async for final in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, rid,
+                                                priority=priority):
             pass
         if final is None:
             raise RuntimeError(f"{self.name}: request {rid} ended without output")
@@ -365,7 +373,8 @@ class Generator(CollectiveWeights):
             else:
                 path, index = await asyncio.to_thread(self._staging.write, tensors)  # requests still flow meanwhile
             direct = self.cfg.weights_load == "direct"
-            await self._swap(weights.version, mode, "agentgym_load_weights", (path, index, direct), t0, time.monotonic())
+            await self._swap(weights.version, mode, "agentgym_load_weights", (path, index, direct), t0,
+                             time.monotonic())
         return self._applied(weights.version, mode, started)
 
     def _shelf_index(self, weights: WeightSet) -> tuple[str, list]:

@@ -68,7 +68,12 @@ class GeneratorConfig:
     gpu_memory_utilization: float = spec(0.85, gt=0, le=1)
     """Fraction of GPU memory vLLM may take (cuda only)."""
     max_num_seqs: int = spec(64, ge=1)
-    """Most sequences batched at once per replica."""
+    """Most sequences batched at once per replica. Below the episodes admitted at once (max_sessions), it trades
+    throughput for the latency of each reply: with `scheduling: priority` the oldest groups' turns take the seats."""
+    scheduling: str = spec("priority", choices=("priority", "fcfs"))
+    """Which waiting request the engine serves next: `priority` the one of the group started first (an older
+    group's next turn before a newer group's, so that the batch a step waits for is done first); `fcfs` the one
+    that arrived first. Only matters while requests wait for a seat (max_num_seqs) or the KV cache."""
     enable_prefix_caching: bool = spec(True)
     """Keep on: multi-turn prompts share long prefixes."""
     on_weight_update: str = spec("finish", choices=("finish", "abort"))

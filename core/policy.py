@@ -20,6 +20,7 @@ class GenerationRequest:
     min_tokens: int = 0  # no end-of-turn or stop token before this many tokens (<= max_tokens)
     item_id: str = ""  # the episode's item and sample: a policy that samples nothing (the random baseline)
     sample_index: int = 0  # seeds itself from them; generators ignore both
+    priority: int = 0  # lower is served first when the generator schedules by priority (the group's start order)
 
 
 @dataclass

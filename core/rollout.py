@@ -43,6 +43,7 @@ class EpisodeSpec:
     group_id: str
     sample_index: int
     horizon: int  # turn limit in force for this episode
+    priority: int = 0  # its group's start order: a generator scheduling by priority serves lower values first
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
                     prompt_ids=list(b.tokens), max_tokens=min(limits.max_tokens_per_turn, room),
                     min_tokens=min(limits.min_tokens_per_turn, limits.max_tokens_per_turn, room),
                     session_id=spec.trajectory_id, temperature=limits.temperature, top_p=limits.top_p,
-                    item_id=spec.item_id, sample_index=spec.sample_index))
+                    item_id=spec.item_id, sample_index=spec.sample_index, priority=spec.priority))
             except PolicyLost:  # its replica died (logged once by the policy client): regenerated, not trained
                 termination = Termination.LOST
                 break

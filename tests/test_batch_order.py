@@ -2,6 +2,7 @@
 the coordinator's batch choice with groups that complete out of order, a discarded group, and a stale one."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -96,3 +97,35 @@ def test_a_checkpoint_keeps_the_start_order_of_pending_groups():
     complete(coord.buffer, groups[2])  # complete (ready) before the groups started ahead of it
     pending = [p["group_id"] for p in coord.snapshot().pending]
     assert pending == [g.group_id for g in groups]
+
+
+class _HeldPools:
+    """Records the episodes it is asked to run and never ends them (the coordinator's admission is under test)."""
+
+    def __init__(self):
+        self.specs = []
+
+    async def run(self, spec):
+        self.specs.append(spec)
+        await asyncio.Event().wait()
+
+
+def test_episodes_carry_their_groups_start_order_as_priority_and_regenerated_groups_go_first():
+    coord = coordinator("submission")
+    coord.pools = _HeldPools()
+    coord._regenerate = [{"group_id": "g0000000-babyai_1", "item_id": "babyai_1", "draw": 0}]
+    coord.sampler.drawn = coord.state.next_group = 5  # a resumed run: five groups were drawn before it
+
+    async def admit():
+        for _ in range(3):
+            coord._start_group()
+        await asyncio.sleep(0)  # the episodes' tasks start
+        for task in list(coord._episodes):
+            task.cancel()
+        await asyncio.gather(*coord._episodes, return_exceptions=True)
+
+    asyncio.run(admit())
+    by_group = {}
+    for spec in coord.pools.specs:
+        by_group.setdefault(spec.group_id, set()).add(spec.priority)
+    assert [sorted(p) for p in by_group.values()] == [[0], [5], [6]]  # one priority per group, in start order

@@ -12,7 +12,7 @@ from configs.load import load_config
 bench = importlib.import_module("launch.bench.async")
 ARGS = bench.argparse.Namespace(model="default", steps=9, groups=2, group_size=4, turns=3, tokens_per_turn=32,
                                 eta=4, lr=1e-9, cores="0,1", autocast="none",
-                                on_weight_update="abort")
+                                on_weight_update="abort", scheduling="priority", max_num_seqs=12)
 
 
 def configs(workload, tmp_path):
@@ -33,6 +33,7 @@ def test_the_runs_are_valid_configs_differing_only_in_their_mode(tmp_path):
         assert c.algorithm.rounds_ctrl.type == "fixed" and c.algorithm.rounds_ctrl.rounds == 3
         assert c.learner.cpu_autocast == "none"  # --autocast, the same in every mode
         assert c.generator.on_weight_update == "abort"  # --on-weight-update, the same in every mode
+        assert c.generator.scheduling == "priority" and c.generator.max_num_seqs == 12  # the same in every mode
     run_async.trainer.max_staleness = 0
     assert run_async == pinned
     tail = configs("longtail", tmp_path)["async"]

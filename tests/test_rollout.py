@@ -163,9 +163,11 @@ class _Requests(_Recording):
         super().__init__(tokenizer)
         self.limits: list[tuple[int, int]] = []
         self.prompts: list[int] = []
+        self.priorities: list[int] = []
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         self.limits.append((request.min_tokens, request.max_tokens))
+        self.priorities.append(request.priority)
         self.prompts.append(len(request.prompt_ids))
         return await super().generate(request)
 
@@ -198,3 +200,10 @@ def test_format_reward_on_clean_pays_only_replies_in_the_format(tiny_tokenizer, 
                 format_reward=0.1, format_reward_on=on)
     np.testing.assert_allclose(traj.turn_rewards, want)
     assert traj.metrics["valid_actions"] == 3.0
+
+
+def test_every_turn_of_an_episode_carries_its_groups_priority(tiny_tokenizer):
+    policy = _Requests(tiny_tokenizer)
+    spec = EpisodeSpec("e-7", "toy_1", "group-7", 0, horizon=3, priority=7)
+    _run(_Env(), policy, tiny_tokenizer, spec=spec)
+    assert policy.priorities == [7, 7, 7]

@@ -83,7 +83,8 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> 
         "env.families={workload: environments.examples.workload}", "env.mix={workload: 1}",
         f"env.options={{workload: {{turns: {turns}, long_tail: {str(long_tail).lower()}}}}}",
         "algorithm.rounds_ctrl.type=fixed", f"algorithm.rounds_ctrl.rounds={horizon}", *cores,
-        f"generator.on_weight_update={args.on_weight_update}",
+        f"generator.on_weight_update={args.on_weight_update}", f"generator.scheduling={args.scheduling}",
+        *([f"generator.max_num_seqs={args.max_num_seqs}"] if args.max_num_seqs else []),
         "checkpoint.every_steps=0", "eval.at_end=false", "logging.wandb_mode=disabled", "logging.progress_bar=false",
     ]
 
@@ -178,6 +179,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--on-weight-update", default="abort", choices=("abort", "finish"),
                         help="generator.on_weight_update of every run (abort: requests in flight continue on the "
                              "new weights; finish: they end on the old ones first)")
+    parser.add_argument("--scheduling", default="priority", choices=("priority", "fcfs"),
+                        help="generator.scheduling of every run (priority: the oldest group's turns first)")
+    parser.add_argument("--max-num-seqs", type=int, default=0,
+                        help="generator.max_num_seqs of every run (0: the config's); below the episodes in flight it "
+                             "binds only where more run at once than a sync step's groups_per_step * group_size")
     parser.add_argument("--lr", type=float, default=1e-9, help="learner.lr (tiny: the workload stays fixed)")
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
@@ -198,7 +204,8 @@ def main(argv: list[str]) -> int:
 
     figures: dict[str, float | bool | str] = {"steps_timed": args.steps - 1 - drain, "drain_steps": drain,
                                               "eta": args.eta, "autocast": args.autocast,
-                                              "on_weight_update": args.on_weight_update}
+                                              "on_weight_update": args.on_weight_update,
+                                              "scheduling": args.scheduling, "max_num_seqs": args.max_num_seqs}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(args.keep).resolve() if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
