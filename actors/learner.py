@@ -37,6 +37,7 @@ from core import advantages as adv
 from core.batching import MicroBatch, TrainSample, count_micro_batches, micro_batches, split
 from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, decoupled_ppo_loss, finish_stats
 from core.cpu_affinity import pin_to_cores
+from core.cpu_features import resolve_cpu_autocast
 from core.lr_schedule import lr_multiplier
 from core.token_scorer import Scores, TokenScorer, policy_state_names
 from core.curve import CurveServer
@@ -87,7 +88,13 @@ class Learner:
         self.cfg, self.algo = learner, algorithm
         self.sampling_temperature = sampling_temperature
         # bfloat16 matrix products under float32 weights, on CPU ranks only (learner.cpu_autocast)
-        self.autocast = learner.cpu_autocast == "bfloat16" and dtype == "float32" and learner.num_gpus_per_rank == 0
+        self.autocast = False
+        if dtype == "float32" and learner.num_gpus_per_rank == 0:
+            mode, why = resolve_cpu_autocast(learner.cpu_autocast)
+            self.autocast = mode == "bfloat16"
+            if rank == 0:
+                (log.warning if why.startswith("emulated") else log.info)(
+                    "learner: matrix products in %s (%s)", "bfloat16" if self.autocast else "float32", why)
         self.settings = LossSettings(
             clip_eps_low=algorithm.clip_eps_low, clip_eps_high=algorithm.clip_eps_high,
             behaviour_weight_cap=algorithm.behaviour_weight_cap, entropy_coef=algorithm.entropy_coef,

@@ -23,10 +23,11 @@ class LearnerConfig:
     """Compute threads of a rank training on CPU; 0: its num_cpus_per_rank (at least 1), or the count of
     cpu_cores when those are set. More threads than reserved CPUs can pay when the generator idles while
     the learner trains."""
-    cpu_autocast: str = spec("none", choices=("none", "bfloat16"))
+    cpu_autocast: str = spec("auto", choices=("auto", "none", "bfloat16"))
     """Mixed precision for a rank training on CPU with model.dtype=float32: the forward and backward passes'
-    matrix products in bfloat16 (AMX or AVX-512 BF16 where the CPU has them: forward and backward 1.7-2.0x
-    faster here, a training step about 1.25x), while the
+    matrix products in bfloat16 (on a CPU with AMX-BF16 or AVX512-BF16: forward and backward 1.7-2.0x
+    faster, a training step about 1.25x; `auto` takes it only there, since a CPU without them emulates each
+    bfloat16 product, many times slower than float32; an explicit `bfloat16` there is warned about), while the
     weights, the optimizer state and what the generators receive stay float32. The output layer runs in
     float32 (on the sampled positions only), so logprobs keep float32 precision up to the hidden states'
     rounding; the off-policy weights absorb the small gap to the generators' logprobs. Ignored on GPUs."""

@@ -12,6 +12,10 @@ Every mode applies a weight update with `generator.on_weight_update` = `--on-wei
 the requests in flight stop for the engine's load and continue on the new weights, AReaL's interruptible
 rollout; `finish` lets them end first, which on a busy generator holds every new request back as long as a
 reply takes). Only async updates a busy generator: in the synchronous modes no request is in flight then.
+Every mode also sets `generator.scheduling` (`--scheduling`, default priority: a waiting request of an older
+group goes first) and, with `--max-num-seqs`, the engine's seats; a sync step runs groups_per_step * group_size
+episodes (8), so a cap at or above that binds only in async, where η lets more run at once: fewer decoded
+together make each reply, the straggler's included, faster, at some cost in throughput.
 
 Every mode does the same work. The env is the scripted `workload` family (environments/examples/workload.py),
 whose episodes take the turns their item sets, whatever the model writes; replies have a fixed length
@@ -52,6 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.cpu_features import AUTOCAST_CHOICES, resolve_cpu_autocast
 from launch.bench.report import emit, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,9 +168,9 @@ def ratios(workload: str, results: dict[str, dict]) -> dict[str, float | bool]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.bench async", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default", help="model.path of the runs (default: SmolLM2-135M)")
-    parser.add_argument("--autocast", default="bfloat16", choices=("none", "bfloat16"),
-                        help="learner.cpu_autocast of every run (the default config's bfloat16 products under "
-                             "float32 weights; none: float32 throughout, as the figures before 2026-12-04)")
+    parser.add_argument("--autocast", default="auto", choices=AUTOCAST_CHOICES,
+                        help="learner.cpu_autocast of every run (auto, the default config's: bfloat16 products under "
+                             "float32 weights where the CPU has them natively; none: float32 throughout)")
     parser.add_argument("--steps", type=int, default=0,
                         help="training steps per run (default 1 + 8 + eta + 1: the first and the drain's eta + 1 "
                              "are not timed, leaving 8)")
@@ -204,6 +209,7 @@ def main(argv: list[str]) -> int:
 
     figures: dict[str, float | bool | str] = {"steps_timed": args.steps - 1 - drain, "drain_steps": drain,
                                               "eta": args.eta, "autocast": args.autocast,
+                                              "autocast_resolved": resolve_cpu_autocast(args.autocast)[0],
                                               "on_weight_update": args.on_weight_update,
                                               "scheduling": args.scheduling, "max_num_seqs": args.max_num_seqs}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
