@@ -39,6 +39,7 @@ from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, dec
 from core.cpu_affinity import pin_to_cores
 from core.cpu_features import resolve_cpu_autocast
 from core.lr_schedule import lr_multiplier
+from core.packed_attention import NAME as PACKED_SDPA, register as register_packed_sdpa
 from core.token_scorer import Scores, TokenScorer, policy_state_names
 from core.curve import CurveServer
 from core.trajectory import Trajectory
@@ -130,6 +131,8 @@ class Learner:
                                                      use_gpu, listener=self._listener)
         torch.manual_seed(self.cfg.seed)
         torch_dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+        if self.cfg.attn_implementation == PACKED_SDPA:
+            register_packed_sdpa()
         policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype,
                                                       attn_implementation=self.cfg.attn_implementation)
         if self.cfg.gradient_checkpointing:

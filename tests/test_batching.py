@@ -100,10 +100,14 @@ def test_train_sample_validation():
         TrainSample(first).validate()
 
 
-def test_packed_scores_equal_unpacked_scores(tiny_model_dir):
+@pytest.mark.parametrize("attn", ["packed_sdpa", "sdpa"])
+def test_packed_scores_equal_unpacked_scores(tiny_model_dir, attn):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    from core.packed_attention import register
+
+    register()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn)
     scorer = TokenScorer(model, with_value_head=True, temperature=0.7).eval()
     trajs = [traj(9, [4, 5, 8], "a", 1), traj(14, [3, 4, 5, 11], "b", 2), traj(6, [5], "c", 3)]
     t = torch.from_numpy
@@ -114,7 +118,8 @@ def test_packed_scores_equal_unpacked_scores(tiny_model_dir):
                                                    pack(trajs, [0, 1, 2]).targets)), with_entropy=True))
         alone = []
         for i, tr in enumerate(trajs):
-            logits = model(input_ids=t(tr.tokens.astype(np.int64)).unsqueeze(0)).logits[0].float() / 0.7
+            ids = t(tr.tokens.astype(np.int64)).unsqueeze(0)
+            logits = model(input_ids=ids, position_ids=torch.arange(ids.shape[1]).unsqueeze(0)).logits[0].float() / 0.7
             lp = torch.log_softmax(logits, -1)
             sampled = np.flatnonzero(tr.loss_mask)
             alone.append(lp[sampled - 1, t(tr.tokens[sampled].astype(np.int64))])

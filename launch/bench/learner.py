@@ -9,6 +9,8 @@ among the ranks' processes (model, optimizer state and activations included).
 
 The CPUs are shared out evenly: with `--cpus 2`, one rank gets two threads and two ranks get one each, so the
 rows compare ways of using the same machine. Ratios against ZeRO-1 on one rank are printed side by side.
+With `--attn packed_sdpa,sdpa` every configuration runs with each attention implementation (the first is the
+one the bare keys name); `<attn>_over_<other>` is then the ratio of their training tokens/s, side by side.
 
 The model is `--model PATH` (a Hugging Face folder). By default it is the converted SmolLM2-135M-Instruct in
 the model cache (~/.cache/agentgym-rl/models/SmolLM2-135M-Instruct, written by the conversion of the embedded
@@ -84,6 +86,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
     parser.add_argument("--turns", type=int, default=4, help="agent turns per sequence")
     parser.add_argument("--micro-batch-tokens", type=int, default=2048, help="token budget of a micro-batch")
+    parser.add_argument("--attn", default="packed_sdpa",
+                        help="learner.attn_implementation, comma-separated: each configuration runs with each")
     parser.add_argument("--warmup", type=int, default=1, help="untimed train steps first")
     parser.add_argument("--steps", type=int, default=2, help="timed train steps")
     args = parser.parse_args(argv)
@@ -103,29 +107,35 @@ def main(argv: list[str]) -> int:
     sampled = sum(int(t.loss_mask.sum()) for t in batch)
     print(f"model {model}, {args.dtype}; batch {len(batch)} x {args.seq_len} tokens ({sampled} sampled), "
           f"micro-batches of {args.micro_batch_tokens} tokens; {args.cpus} CPUs shared by the ranks")
-    configs = [(int(s), int(r)) for s in args.stages.split(",") for r in args.ranks.split(",")]
-    rows, figures, base = [], {}, None
-    headers = ["stage", "ranks", "cpus/rank", "setup s", "step s", "tokens/s", "vs first", "peak MB/rank",
+    attns = args.attn.split(",")
+    configs = [(a, int(s), int(r)) for s in args.stages.split(",") for r in args.ranks.split(",") for a in attns]
+    rows, figures, base, first_tps = [], {}, None, {}
+    headers = ["attention", "stage", "ranks", "cpus/rank", "setup s", "step s", "tokens/s", "vs first", "peak MB/rank",
                "grad norm"]
     try:
         bar = tqdm(configs, desc="bench learner", unit="config")
-        for stage, ranks in bar:
+        for attn, stage, ranks in bar:
             try:
                 setup_s, step_s, peak, grad_norm = _measure(
                     model, args, LearnerConfig(
                         num_ranks=ranks, zero_stage=stage, num_cpus_per_rank=args.cpus / ranks, lr=1e-6,
-                        micro_batch_tokens=args.micro_batch_tokens, seed=0),
+                        micro_batch_tokens=args.micro_batch_tokens, seed=0, attn_implementation=attn),
                     AlgorithmConfig(adv_estimator="grpo"), batch, f"bench-z{stage}-r{ranks}")
             except Exception as exc:  # e.g. a rank killed for memory: the other configurations still count
-                rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, "failed", type(exc).__name__]
+                rows.append([attn, f"ZeRO-{stage}", ranks, args.cpus / ranks, "failed", type(exc).__name__]
                             + [""] * 4)
                 bar.write(f"ZeRO-{stage} with {ranks} rank(s) failed: {str(exc).splitlines()[0][:200]}")
                 continue
             tps = batch_tokens / step_s
             base = base or tps
-            figures[f"tokens_per_s_zero{stage}_{ranks}rank"] = tps
-            figures[f"peak_mb_zero{stage}_{ranks}rank"] = peak
-            rows.append([f"ZeRO-{stage}", ranks, args.cpus / ranks, setup_s, step_s, tps, tps / base, peak,
+            suffix = "" if attn == attns[0] else f"_{attn}"
+            figures[f"tokens_per_s_zero{stage}_{ranks}rank{suffix}"] = tps
+            figures[f"peak_mb_zero{stage}_{ranks}rank{suffix}"] = peak
+            if attn == attns[0]:
+                first_tps[stage, ranks] = tps
+            elif (stage, ranks) in first_tps:
+                figures[f"{attns[0]}_over_{attn}_zero{stage}_{ranks}rank"] = first_tps[stage, ranks] / tps
+            rows.append([attn, f"ZeRO-{stage}", ranks, args.cpus / ranks, setup_s, step_s, tps, tps / base, peak,
                          grad_norm])
             bar.write(table(headers, rows[-1:]).splitlines()[-1])
     finally:
