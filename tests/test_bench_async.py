@@ -33,8 +33,12 @@ def test_the_runs_are_valid_configs_differing_only_in_their_mode(tmp_path):
         assert c.algorithm.rounds_ctrl.type == "fixed" and c.algorithm.rounds_ctrl.rounds == 3
         assert c.learner.cpu_autocast == "none"  # --autocast, the same in every mode
         assert c.generator.on_weight_update == "abort"  # --on-weight-update, the same in every mode
-        assert c.generator.scheduling == "priority" and c.generator.max_num_seqs == 12  # the same in every mode
+        assert c.generator.scheduling == "priority"  # the same in every mode
+    # --max-num-seqs caps the async run's seats; a sync step's 8 episodes keep the config's (64) to decode together
+    assert run_async.generator.max_num_seqs == 12
+    assert pinned.generator.max_num_seqs == colocated.generator.max_num_seqs == 64
     run_async.trainer.max_staleness = 0
+    run_async.generator.max_num_seqs = 64
     assert run_async == pinned
     tail = configs("longtail", tmp_path)["async"]
     assert tail.env.options["workload"] == {"turns": 1, "long_tail": True} and tail.algorithm.rounds_ctrl.rounds == 16

@@ -13,9 +13,11 @@ the requests in flight stop for the engine's load and continue on the new weight
 rollout; `finish` lets them end first, which on a busy generator holds every new request back as long as a
 reply takes). Only async updates a busy generator: in the synchronous modes no request is in flight then.
 Every mode also sets `generator.scheduling` (`--scheduling`, default priority: a waiting request of an older
-group goes first) and, with `--max-num-seqs`, the engine's seats; a sync step runs groups_per_step * group_size
-episodes (8), so a cap at or above that binds only in async, where η lets more run at once: fewer decoded
-together make each reply, the straggler's included, faster, at some cost in throughput.
+group goes first). `--max-num-seqs` caps the engine's seats in the async mode only: there η lets up to
+(η + 1) * groups_per_step groups run at once, and fewer decoded together make each reply, the straggler's
+included, faster, at some cost in throughput. A sync step runs groups_per_step * group_size episodes (8), all
+of which decode together on the config's seats; a cap below that would only hold back a sync step's own work,
+and one above it changes nothing, so the sync modes keep the config's.
 
 Every mode does the same work. The env is the scripted `workload` family (environments/examples/workload.py),
 whose episodes take the turns their item sets, whatever the model writes; replies have a fixed length
@@ -89,7 +91,7 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> 
         f"env.options={{workload: {{turns: {turns}, long_tail: {str(long_tail).lower()}}}}}",
         "algorithm.rounds_ctrl.type=fixed", f"algorithm.rounds_ctrl.rounds={horizon}", *cores,
         f"generator.on_weight_update={args.on_weight_update}", f"generator.scheduling={args.scheduling}",
-        *([f"generator.max_num_seqs={args.max_num_seqs}"] if args.max_num_seqs else []),
+        *([f"generator.max_num_seqs={args.max_num_seqs}"] if args.max_num_seqs and mode == "async" else []),
         "checkpoint.every_steps=0", "eval.at_end=false", "logging.wandb_mode=disabled", "logging.progress_bar=false",
     ]
 
@@ -187,8 +189,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scheduling", default="priority", choices=("priority", "fcfs"),
                         help="generator.scheduling of every run (priority: the oldest group's turns first)")
     parser.add_argument("--max-num-seqs", type=int, default=0,
-                        help="generator.max_num_seqs of every run (0: the config's); below the episodes in flight it "
-                             "binds only where more run at once than a sync step's groups_per_step * group_size")
+                        help="generator.max_num_seqs of the async run (0: the config's); the sync runs keep the "
+                             "config's, on which all of a step's groups_per_step * group_size episodes decode together")
     parser.add_argument("--lr", type=float, default=1e-9, help="learner.lr (tiny: the workload stays fixed)")
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
