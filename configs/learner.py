@@ -6,6 +6,8 @@ from typing import Any
 
 from configs.fields import spec
 
+CPU_AUTOCAST_CHOICES = ("auto", "none", "bfloat16")
+
 
 @dataclass
 class LearnerConfig:
@@ -23,7 +25,7 @@ class LearnerConfig:
     """Compute threads of a rank training on CPU; 0: its num_cpus_per_rank (at least 1), or the count of
     cpu_cores when those are set. More threads than reserved CPUs can pay when the generator idles while
     the learner trains."""
-    cpu_autocast: str = spec("auto", choices=("auto", "none", "bfloat16"))
+    cpu_autocast: str = spec("auto", choices=CPU_AUTOCAST_CHOICES)
     """Mixed precision for a rank training on CPU with model.dtype=float32: the forward and backward passes'
     matrix products in bfloat16 (on a CPU with AMX-BF16 or AVX512-BF16: forward and backward 1.7-2.0x
     faster, a training step about 1.25x; `auto` takes it only there, since a CPU without them emulates each

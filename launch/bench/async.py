@@ -58,7 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.cpu_features import AUTOCAST_CHOICES, resolve_cpu_autocast
+from configs.learner import CPU_AUTOCAST_CHOICES
+from core.cpu_features import resolve_cpu_autocast
 from launch.bench.report import emit, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,7 +171,7 @@ def ratios(workload: str, results: dict[str, dict]) -> dict[str, float | bool]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.bench async", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default", help="model.path of the runs (default: SmolLM2-135M)")
-    parser.add_argument("--autocast", default="auto", choices=AUTOCAST_CHOICES,
+    parser.add_argument("--autocast", default="auto", choices=CPU_AUTOCAST_CHOICES,
                         help="learner.cpu_autocast of every run (auto, the default config's: bfloat16 products under "
                              "float32 weights where the CPU has them natively; none: float32 throughout)")
     parser.add_argument("--steps", type=int, default=0,
