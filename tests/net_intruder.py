@@ -10,6 +10,7 @@ network namespaces)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,14 @@ def _socket(ctx: zmq.Context, endpoint: str, server_public: str | None) -> zmq.S
     return sock
 
 
+def _report(out: str, stats: dict) -> None:
+    """Write the counts whole or not at all: the test ends this process with SIGTERM at any moment, and a
+    report truncated by it read as empty (JSONDecodeError)."""
+    tmp = f"{out}.tmp"
+    Path(tmp).write_text(json.dumps(stats))
+    os.replace(tmp, out)
+
+
 def main(run_dir: str, seconds: float, out: str) -> int:
     record = Path(run_dir) / "transport.json"
     deadline = time.monotonic() + seconds
@@ -41,7 +50,7 @@ def main(run_dir: str, seconds: float, out: str) -> int:
             break
         time.sleep(0.2)
     stats = {"trajectory_attempts": 0, "weights_attempts": 0, "chunks_received": 0, "saw_transport_json": False}
-    Path(out).write_text(json.dumps(stats))
+    _report(out, stats)
     if record.exists():
         stats["saw_transport_json"] = True
         info = json.loads(record.read_text())
@@ -74,10 +83,10 @@ def main(run_dir: str, seconds: float, out: str) -> int:
                     stats["chunks_received"] += 1
                 stats["weights_attempts"] += 1
                 sock.close(0)
-            Path(out).write_text(json.dumps(stats))  # as it goes: the test ends it with SIGTERM
+            _report(out, stats)  # as it goes: the test ends it with SIGTERM
             time.sleep(0.2)
         ctx.term()
-    Path(out).write_text(json.dumps(stats))
+    _report(out, stats)
     return 0
 
 
