@@ -69,8 +69,7 @@ class LearnerConfig:
     """Attention kernel. Micro-batches are packed rows whose position ids restart per sequence. packed_sdpa
     (core/packed_attention.py) runs PyTorch's causal sdpa on each sequence alone, without a mask; sdpa and eager
     keep the sequences apart with a dense mask over the whole row (attention 2.2 x slower on CPU for two
-    sequences of 512 tokens);
-    flash_attention_2 (GPU, the flash-attn package) by variable-length kernels."""
+    sequences of 512 tokens); flash_attention_2 (GPU, the flash-attn package) by variable-length kernels."""
     seed: int = spec(0, ge=0)
     """Learner seed."""
 
