@@ -10,7 +10,6 @@ network namespaces)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import msgpack
 import zmq
 
+from core.checkpoint import write_text_durably
 from core.codec import encode
 from core.curve import CurveClient, KeyPair
 from core.seal import Sealer
@@ -34,14 +34,6 @@ def _socket(ctx: zmq.Context, endpoint: str, server_public: str | None) -> zmq.S
     return sock
 
 
-def _report(out: str, stats: dict) -> None:
-    """Write the counts whole or not at all: the test ends this process with SIGTERM at any moment, and a
-    report truncated by it read as empty (JSONDecodeError)."""
-    tmp = f"{out}.tmp"
-    Path(tmp).write_text(json.dumps(stats))
-    os.replace(tmp, out)
-
-
 def main(run_dir: str, seconds: float, out: str) -> int:
     record = Path(run_dir) / "transport.json"
     deadline = time.monotonic() + seconds
@@ -50,7 +42,7 @@ def main(run_dir: str, seconds: float, out: str) -> int:
             break
         time.sleep(0.2)
     stats = {"trajectory_attempts": 0, "weights_attempts": 0, "chunks_received": 0, "saw_transport_json": False}
-    _report(out, stats)
+    write_text_durably(Path(out), json.dumps(stats))
     if record.exists():
         stats["saw_transport_json"] = True
         info = json.loads(record.read_text())
@@ -83,10 +75,11 @@ def main(run_dir: str, seconds: float, out: str) -> int:
                     stats["chunks_received"] += 1
                 stats["weights_attempts"] += 1
                 sock.close(0)
-            _report(out, stats)  # as it goes: the test ends it with SIGTERM
+            # as it goes, whole or not at all: the test ends it with SIGTERM at any moment
+            write_text_durably(Path(out), json.dumps(stats))
             time.sleep(0.2)
         ctx.term()
-    _report(out, stats)
+    write_text_durably(Path(out), json.dumps(stats))
     return 0
 
 
