@@ -104,8 +104,9 @@ class CollectivePublisher:
                 self.group.broadcast(to_wire(t, wire, self.device))
         return sum(tensor_bytes(shape, wire) for _, shape in specs)
 
-    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
-        """{replica: (ok, error)} once every replica acked `version`; TimeoutError naming those that did not."""
+    def wait_acks(self, version: int, timeout_s: float, excused: Iterable[str] = ()) -> dict[str, tuple[bool, str]]:
+        """{replica: (ok, error)} once every replica acked `version` (one in `excused`, known down, counts as
+        skipped); TimeoutError naming those that did not."""
         seq = self.seq_of.get(version)
         if seq is None or self.group is None:
             raise ValueError(f"weights version {version} was not published on this group")
@@ -116,6 +117,9 @@ class CollectivePublisher:
                 key = f"ack/{seq}/{name}"
                 if name not in got and self.group.store.check([key]):
                     got[name] = self._ack(name, self.group.store.get(key))
+            for name in set(excused) - set(got):
+                if name in self.replicas:
+                    got[name] = (False, "stalled: its process is down")
             missing = [n for n in self.replicas if n not in got]
             if not missing:
                 return got

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from actors.episode_watch import EpisodesFailing, EpisodeWatch
 from actors.group_buffer import GroupBuffer, GroupInfo
@@ -62,10 +62,13 @@ class Coordinator:
                  on_group_started: Callable[[GroupInfo], None] | None = None,
                  health: Callable[[], str] | None = None, health_every_s: float = 5.0,
                  needs_republish: Callable[[], bool] | None = None, episode_watch: EpisodeWatch | None = None,
-                 max_trained_turns: int = 0, batch_order: str = "completion"):
-        """`health()` names a broken role's channel ("" when all is well); it is asked every `health_every_s`
-        and a non-empty answer stops the run with that cause; `needs_republish()` (asked after it) asks for the
-        current weights to be published again, for a generator replica that was restarted."""
+                 max_trained_turns: int = 0, batch_order: str = "completion",
+                 down: Callable[[], Sequence[str]] = lambda: ()):
+        """`health()` names a broken role's channel ("" when all is well); it is asked every `health_every_s`,
+        also while weight acks are awaited, and a non-empty answer stops the run with that cause;
+        `needs_republish()` (asked after it) asks for the current weights to be published again, for a
+        generator replica that was restarted; `down()` names the generator replicas (weights subscribers) seen
+        down, whose acks are not waited for."""
         self.pools, self.learners, self.receiver = pools, learners, receiver
         self.sampler, self.gate, self.schedule = sampler, gate, schedule
         self.group_size, self.total_steps, self.max_in_flight = group_size, total_steps, max_in_flight
@@ -85,8 +88,11 @@ class Coordinator:
         self._fatal: BaseException | None = None
         self._pump_error: BaseException | None = None
         self.health, self.health_every_s, self.needs_republish = health, health_every_s, needs_republish
+        self._health_lock = asyncio.Lock()  # the loop and a background ack wait both ask
+        self._health_at = time.monotonic()
         self.weights = Publication(lambda: self.learners, self.state.version, ack_timeout_s,
-                                   lambda: self.stop_requested, self._served)
+                                   lambda: self.stop_requested, self._served, on_wait=self._check_health,
+                                   excused=down)
         self.episode_watch = episode_watch or EpisodeWatch()
 
     # -- admission --------------------------------------------------------------------------------------------
@@ -161,15 +167,22 @@ class Coordinator:
         if not pump.is_alive():
             raise RuntimeError(f"the trajectory receiver thread died: {self._pump_error!r}") from self._pump_error
         await self.weights.check()
-        now = time.monotonic()
-        if self.health is not None and now - self._health_at >= self.health_every_s:
-            self._health_at = now
+        await self._check_health()
+        if self.needs_republish is not None and self.needs_republish():
+            log.warning("publishing weights version %d again for a restarted generator", self.state.version)
+            await self.weights.publish(wait=True)
+
+    async def _check_health(self) -> None:
+        """Ask `health()` if `health_every_s` has passed since it was last asked; raise what it names."""
+        if self.health is None:
+            return
+        async with self._health_lock:
+            if time.monotonic() - self._health_at < self.health_every_s:
+                return
             problem = await asyncio.to_thread(self.health)
-            if problem:
-                raise RuntimeError(f"a channel of the run failed: {problem}")
-            if self.needs_republish is not None and self.needs_republish():
-                log.warning("publishing weights version %d again for a restarted generator", self.state.version)
-                await self.weights.publish(wait=True)
+            self._health_at = time.monotonic()
+        if problem:
+            raise RuntimeError(f"a channel of the run failed: {problem}")
 
     def _file(self, traj: Trajectory) -> None:
         self._received += 1

@@ -386,11 +386,11 @@ class Learner:
             self.publisher.wait_for_peers(n, timeout_s)
             return len(self.publisher.peers)
 
-    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
-        """{subscriber: (ok, error)} once every subscriber acked `version` (TimeoutError after `timeout_s`).
-        Safe to call while a step trains on another thread."""
+    def wait_acks(self, version: int, timeout_s: float, excused: Sequence[str] = ()) -> dict[str, tuple[bool, str]]:
+        """{subscriber: (ok, error)} once every subscriber acked `version` (TimeoutError after `timeout_s`); one
+        in `excused` (known down) counts as skipped. Safe to call while a step trains on another thread."""
         with self._publishing:
-            return self.publisher.wait_acks(version, timeout_s) if self.publisher is not None else {}
+            return self.publisher.wait_acks(version, timeout_s, excused) if self.publisher is not None else {}
 
     def save_checkpoint(self, path: str) -> None:
         """Model, optimizer and LR scheduler in DeepSpeed's layout under `path`/learner, plus the version."""

@@ -10,13 +10,16 @@ What must hold:
   no group starts on weights older than admission assumes. The learner's own version is `published`.
 - A generator that fails to apply a version stops the run, named, as soon as its ack arrives (`check`).
 - A stop request ends the wait for acks within seconds; the version stays published as far as it got.
+- The run's watch goes on while acks are awaited (`on_wait`, between slices of the wait): a generator that
+  dies before it acks is seen down and excused (`excused()`), and once restarted and subscribed again it
+  counts as having skipped the version, so the wait ends without reaching `ack_timeout_s`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 log = logging.getLogger("agentgym.coordinator")
 
@@ -24,12 +27,15 @@ log = logging.getLogger("agentgym.coordinator")
 class Publication:
     def __init__(self, learners: Callable[[], Any], version: int, ack_timeout_s: float,
                  stopping: Callable[[], bool], on_served: Callable[[int], None] = lambda version: None,
-                 slice_s: float = 2.0):
+                 slice_s: float = 2.0, on_wait: Callable[[], Awaitable[None]] | None = None,
+                 excused: Callable[[], Sequence[str]] = lambda: ()):
         """`learners()`: the learner group now (publish_weights() -> {"version", ...}, wait_acks(version,
-        timeout_s) -> {name: (ok, error)}). `version`: what the generators hold now. `on_served(v)` is called
-        once every generator has v."""
+        timeout_s, excused) -> {name: (ok, error)}). `version`: what the generators hold now. `on_served(v)` is
+        called once every generator has v. `on_wait()` runs after each slice of an ack wait that ended without
+        all acks (the run's health check; what it raises ends the wait); `excused()` names the subscribers
+        known down, whose acks are not waited for."""
         self.learners, self.ack_timeout_s, self.slice_s = learners, ack_timeout_s, slice_s
-        self.stopping, self.on_served = stopping, on_served
+        self.stopping, self.on_served, self.on_wait, self.excused = stopping, on_served, on_wait, excused
         self.published = self.served = version
         self.channel: dict[str, float] = {}  # transport metrics of the weights channel
         self._acks: asyncio.Task | None = None
@@ -92,7 +98,9 @@ class Publication:
             left = deadline - time.monotonic()
             try:
                 return await asyncio.to_thread(self.learners().wait_acks, version,
-                                               max(0.05, min(self.slice_s, left)))
+                                               max(0.05, min(self.slice_s, left)), list(self.excused()))
             except Exception as exc:  # a Ray error wrapping the publisher's TimeoutError, or that error itself
                 if "no ack from" not in str(exc) or left <= self.slice_s:
                     raise
+            if self.on_wait is not None:
+                await self.on_wait()

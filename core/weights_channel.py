@@ -206,8 +206,7 @@ class WeightPublisher:
         for old, known in list(self.peers.items()):  # a reconnecting subscriber replaces its old connection
             if known == name and old != routing:
                 del self.peers[old]
-                for acks in self.acks.values():  # a restarted subscriber has applied nothing yet
-                    acks.pop(name, None)
+                self._missed(name)
         self.peers[routing] = name
         self.relays[name] = relay
         self.links.pop(name, None)  # a new connection has no link yet
@@ -223,6 +222,14 @@ class WeightPublisher:
                 self.send_to(routing, name, [b"M", msgpack.packb(self.shelf.offer())])
             except zmq.ZMQError:  # a full queue: this subscriber is served over TCP
                 pass
+
+    def _missed(self, name: str) -> None:
+        """A subscriber that connected anew (a restarted process) holds none of the versions published before:
+        each one it had not acked counts as answered, skipped, so nobody waits for an ack that cannot come.
+        It gets the current weights when the run publishes them again for it (launch.generator_watch)."""
+        for version in range(max(0, self.published - 4), self.published + 1):
+            if name not in self.acks.get(version, {}):
+                self.stalled.setdefault(version, {})[name] = f"stalled: reconnected before acking version {version}"
 
     def _send_keys(self) -> None:
         for routing, name in list(self._keys_owed.items()):
@@ -300,6 +307,7 @@ class WeightPublisher:
         if not self.peers:
             log.warning("weights publisher: version %d has no subscribers", version)
         self.published = max(self.published, version)
+        self.stalled.pop(version, None)  # sent again (to a restarted subscriber): whoever skipped it gets it now
         for old in [v for v in self.acks if v < version - 4]:  # bounded bookkeeping
             self.acks.pop(old, None)
             self.stalled.pop(old, None)
@@ -388,17 +396,21 @@ class WeightPublisher:
                     del cursor[peer]
             self.poll(0 if moved else 1)  # acks and hellos keep flowing; a short wait when nobody moved
 
-    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
+    def wait_acks(self, version: int, timeout_s: float, excused: Iterable[str] = ()) -> dict[str, tuple[bool, str]]:
         """Wait until every registered peer acked `version`; returns {peer name: (ok, error)}.
 
-        A peer skipped as stalled for this version counts as answered, with (False, "stalled: ...").
+        A peer skipped as stalled for this version counts as answered, with (False, "stalled: ..."); so does
+        one named in `excused` (the run knows its process is down) that has not acked.
         Raises TimeoutError naming the peers that did not answer in time.
         """
         deadline = time.monotonic() + timeout_s
+        excused = frozenset(excused)
         while True:
             got = dict(self.acks.get(version, {}))
             for name, why in self.stalled.get(version, {}).items():
                 got.setdefault(name, (False, why))
+            for name in excused & set(self.peers.values()):
+                got.setdefault(name, (False, "stalled: its process is down"))
             missing = [n for n in self.peers.values() if n not in got]
             if not missing:
                 return got

@@ -3,7 +3,8 @@ again and the current weights are published to it before it serves (it waits for
 
 What must hold: a restart is noticed within one health check (`check`, which the coordinator's watchdog calls
 every few seconds) and counted in `recovery/generator_restarts`; a replica that is down is logged once, not per
-check; the run stops, naming why, only when every replica has been down for `recovery_wait_s`.
+check; the run stops, naming why, only when every replica has been down for `recovery_wait_s`. The coordinator
+checks while it waits for weight acks too, and does not wait for the acks of a replica seen down.
 """
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ log = logging.getLogger("agentgym.generators")
 
 class GeneratorWatch:
     def __init__(self, handles: Sequence[Any], weights_endpoint: str, curves: Sequence[Any],
-                 recovery_wait_s: float, relay_host: str | None = None, rejoins: bool = True):
+                 recovery_wait_s: float, relay_host: str | None = None, rejoins: bool = True,
+                 names: Sequence[str] = ()):
+        """`names`: each replica's weights-subscriber name (what `down_names` answers in)."""
         self.handles, self.weights_endpoint, self.curves = list(handles), weights_endpoint, list(curves)
+        self.names = list(names) or [f"generator-{i}" for i in range(len(self.handles))]
         self.relay_host = relay_host  # where a replica binds its relay socket (None: star fan-out)
         self.recovery_wait_s = recovery_wait_s
         self.rejoins = rejoins  # False with a weights group (weights_sync=collective): a restart fails the run
@@ -65,6 +69,10 @@ class GeneratorWatch:
                 return (f"every generator replica has been down for {down_for:.0f} s "
                         f"(generator.recovery_wait_s = {self.recovery_wait_s:.0f})")
         return ""
+
+    def down_names(self) -> list[str]:
+        """The subscriber names of the replicas the last check found down (their weight acks are not awaited)."""
+        return [self.names[i] for i in sorted(self.down_since)]
 
     def take_republish(self) -> bool:
         """Whether a restarted replica needs the current weights (asked once per restart)."""

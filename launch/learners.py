@@ -62,8 +62,8 @@ class _LearnerRank(Learner):
     """One rank as a Ray actor: the learner, with `wait_acks` in the `acks` concurrency group."""
 
     @ray.method(concurrency_group="acks")
-    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
-        return super().wait_acks(version, timeout_s)
+    def wait_acks(self, version: int, timeout_s: float, excused: Sequence[str] = ()) -> dict[str, tuple[bool, str]]:
+        return super().wait_acks(version, timeout_s, excused)
 
 
 def _all(refs: list) -> list:
@@ -143,8 +143,8 @@ class LearnerGroup:
     def wait_for_subscribers(self, n: int, timeout_s: float) -> int:
         return ray.get(self.actors[0].wait_for_subscribers.remote(n, timeout_s))
 
-    def wait_acks(self, version: int, timeout_s: float) -> dict[str, tuple[bool, str]]:
-        return ray.get(self.actors[0].wait_acks.remote(version, timeout_s))
+    def wait_acks(self, version: int, timeout_s: float, excused: Sequence[str] = ()) -> dict[str, tuple[bool, str]]:
+        return ray.get(self.actors[0].wait_acks.remote(version, timeout_s, list(excused)))
 
     def version(self) -> int:
         return ray.get(self.actors[0].get_version.remote())

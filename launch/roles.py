@@ -163,7 +163,8 @@ class Roles:
                                weights_timeout_s=t.weights_ack_timeout_s)
             learners.wait_for_subscribers(len(generators), timeout_s=120)
             watch = GeneratorWatch(generators, endpoint, [curves[n] if curves else None for n in replicas],
-                                   cfg.generator.recovery_wait_s, relay_host=relay_host, rejoins=not collective)
+                                   cfg.generator.recovery_wait_s, relay_host=relay_host, rejoins=not collective,
+                                   names=replicas)
             watch.check()
             pools.wait_ready()
         except BaseException:
@@ -216,6 +217,10 @@ class Roles:
 
     def needs_republish(self) -> bool:
         return self.watch.take_republish()
+
+    def down_replicas(self) -> list[str]:
+        """The weights-subscriber names of the generator replicas seen down (their acks are not awaited)."""
+        return self.watch.down_names()
 
     def save_policy(self, folder: Path) -> None:
         """The current policy as a Hugging Face folder (what `launch.eval --model` and generators load)."""

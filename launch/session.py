@@ -127,7 +127,7 @@ class TrainingSession:
             on_step=self._on_step, should_checkpoint=self._should_checkpoint, save=self._save,
             state=self.state, ack_timeout_s=cfg.transport.weights_ack_timeout_s,
             on_group_started=self._on_group_started, health=self.roles.health,
-            needs_republish=self.roles.needs_republish,
+            needs_republish=self.roles.needs_republish, down=self.roles.down_replicas,
             episode_watch=EpisodeWatch(cfg.env.failing_window, cfg.env.failing_frac),
             max_trained_turns=cfg.trainer.max_trained_turns, batch_order=cfg.trainer.batch_order)
         if self._stop:

@@ -64,7 +64,11 @@ def test_every_role_can_die_and_the_run_goes_on(tiny_model_dir, tmp_path):
     started = {g["group_id"]: g for g in read_jsonl(out / "groups.jsonl")}
     assert all(started[g]["horizon"] == schedule.horizon_at(started[g]["step"]) for g in groups), context
     text = log.read_text()
-    assert "rebuilding its roles and continuing" in text, context  # the learner's death, recovered in the job
+    # what the run said about its faults: enough to tell, from a CI log, which recovery path it took
+    said = [line for line in text.splitlines() if any(k in line for k in ("WARNING", "ERROR", "resuming"))]
+    context = f"{context}\n" + "\n".join(said)[-6000:]
+    # the learner's death, recovered in the job; the other roles' deaths by their restarts, without a rebuild
+    assert text.count("rebuilding its roles and continuing") == 1, context
     assert "generator replica" in text and "is down" in text, context
     assert text.count("is down") <= 6, context  # once per failure and client, not once per episode
     assert max(m.get("recovery/generator_restarts", 0.0) for m in metrics) >= 1, context

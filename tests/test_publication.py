@@ -33,13 +33,16 @@ class _Learners:
         with self.lock:
             self.answers[version] = acks
 
-    def wait_acks(self, version, timeout_s):
+    def wait_acks(self, version, timeout_s, excused=()):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self.lock:
                 if version in self.answers:
                     self.calls.append(("acked", version))
                     return self.answers[version]
+                if "gen-0" in excused:  # as the publisher answers for a subscriber known down
+                    self.calls.append(("excused", version))
+                    return {"gen-0": (False, "stalled: its process is down")}
             time.sleep(0.01)
         raise TimeoutError(f"weights version {version}: no ack from gen-0")
 
@@ -111,6 +114,46 @@ def test_a_stop_request_ends_the_wait_for_acks_within_a_slice():
     assert asyncio.run(scenario()) < 1.0 and pub.served == 0
 
 
+def test_the_watch_runs_while_acks_are_awaited_and_a_replica_seen_down_is_not_waited_for():
+    """A generator died before it acked: the health check goes on between slices of the wait, and once it
+    has seen the replica down the wait ends (long before ack_timeout_s) with the version served."""
+    learners, down, checks = _Learners(), [], []
+
+    async def check():
+        checks.append(time.monotonic())
+        if len(checks) == 3:
+            down.append("gen-0")
+
+    pub = Publication(lambda: learners, 0, ack_timeout_s=30, stopping=lambda: False, slice_s=0.2,
+                      on_wait=check, excused=lambda: down)
+
+    async def scenario():
+        await pub.publish()
+        started = time.monotonic()
+        await asyncio.wait_for(pub.settle(), 5)
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 2.0
+    assert len(checks) == 3 and learners.calls == [("publish", 1), ("excused", 1)]
+    assert pub.served == 1 and pub.channel["transport/weights_stalled"] == 1
+
+
+def test_a_failing_health_check_ends_the_wait_for_acks_with_its_cause():
+    learners = _Learners()
+
+    async def check():
+        raise RuntimeError("a channel of the run failed: every generator replica has been down for 301 s")
+
+    pub = Publication(lambda: learners, 0, ack_timeout_s=30, stopping=lambda: False, slice_s=0.2, on_wait=check)
+
+    async def scenario():
+        await pub.publish()
+        await asyncio.wait_for(pub.settle(), 5)
+
+    with pytest.raises(RuntimeError, match="every generator replica has been down"):
+        asyncio.run(scenario())
+
+
 @pytest.fixture
 def ray_local():
     """A local Ray for this test, shut down after it if the test started it (later modules start their own)."""
@@ -155,6 +198,9 @@ def test_the_learner_group_answers_acks_while_a_step_trains(ray_local, tiny_mode
         waiter.join(30)
         assert waited == {"gen-0": (True, "")}
         assert group.version() == version + 1
+        # A subscriber the run knows is down is not waited for (the list reaches the publisher on rank 0).
+        later = group.publish_weights()["version"]
+        assert group.wait_acks(later, 5, ["gen-0"]) == {"gen-0": (False, "stalled: its process is down")}
     finally:
         sub.close()
         group.shutdown()

@@ -97,6 +97,40 @@ def test_missing_ack_names_the_silent_receiver_and_errors_are_reported():
         s.close()
 
 
+def test_a_subscriber_known_down_or_restarted_is_not_waited_for():
+    """The run names a subscriber whose process is down: its ack is not awaited. A subscriber that connects
+    again under its name (a restarted process) holds nothing published before: those versions count as
+    skipped for it, and the next version reaches and is acked by the new connection."""
+    pub = WeightPublisher()
+    first, other = WeightSubscriber(pub.endpoint, name="gen-0"), WeightSubscriber(pub.endpoint, name="gen-1")
+    pub.wait_for_peers(2, timeout_s=5)
+    pub.publish(1, [tensor("w", np.ones(10, np.float32))])
+    assert receive(first).version == 1 and receive(other).version == 1
+    other.ack(1)
+    with pytest.raises(TimeoutError, match="gen-0"):
+        pub.wait_acks(1, timeout_s=0.3)
+    assert pub.wait_acks(1, timeout_s=0.3, excused=["gen-0", "gen-9"]) == {
+        "gen-0": (False, "stalled: its process is down"), "gen-1": (True, "")}
+    first.close()  # died without acking; Ray starts it again
+    again = WeightSubscriber(pub.endpoint, name="gen-0")
+    assert pub.wait_acks(1, timeout_s=5) == {"gen-0": (False, "stalled: reconnected before acking version 1"),
+                                            "gen-1": (True, "")}
+    assert len(pub.peers) == 2
+    pub.publish(1, [tensor("w", np.ones(10, np.float32))])  # the run publishes the current version again
+    assert receive(again).version == 1
+    with pytest.raises(TimeoutError, match="gen-0"):  # sent to it now: its ack is awaited
+        pub.wait_acks(1, timeout_s=0.3)
+    again.ack(1)
+    assert pub.wait_acks(1, timeout_s=5) == {"gen-0": (True, ""), "gen-1": (True, "")}
+    pub.publish(2, [tensor("w", np.full(10, 2, np.float32))])
+    assert receive(again).version == 2 and receive(other).version == 2
+    again.ack(2)
+    other.ack(2)
+    assert pub.wait_acks(2, timeout_s=5) == {"gen-0": (True, ""), "gen-1": (True, "")}
+    for s in (again, other, pub):
+        s.close()
+
+
 def _fake_publisher():
     """A raw ROUTER standing in for the publisher, so a test can deliver chunks out of order."""
     sock = zmq.Context.instance().socket(zmq.ROUTER)
