@@ -64,6 +64,8 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 class GeneratorStats:
     requests: int = 0
     sampled_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the prefix cache held (not computed again)
     continued: int = 0  # replies cut by an `abort` update and continued on the new weights (two versions)
     aborted: int = 0  # replies the engine ended with finish reason `abort` (shutdown; never an update)
     updates: int = 0
@@ -84,6 +86,7 @@ class Generator(CollectiveWeights):
         self.cfg = cfg
         self.incarnation = uuid.uuid4().hex[:12]  # changes when the process is restarted
         self._wait_for_weights = wait_for_weights
+        self._kept_updates = 0  # weight updates since the KV cache was last dropped
         self._weights_applied = asyncio.Event()
         self.name = name
         if cfg.device == "cpu" and cfg.cpu_keep_freed_memory and not keep_freed_memory():  # before the engine
@@ -256,6 +259,8 @@ class Generator(CollectiveWeights):
                                f"{0 if out.logprobs is None else len(out.logprobs)} logprobs")
         logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs or [], ids)]
         versions = self._versions(out.weight_versions, len(ids), rid)
+        self.stats.prompt_tokens += len(prompt_ids)
+        self.stats.cached_prompt_tokens += final.num_cached_tokens or 0
         if out.finish_reason not in _FINISH:
             raise RuntimeError(f"{self.name}: request {rid} finished with {out.finish_reason!r}")
         return ids, logprobs, versions, _FINISH[out.finish_reason]
@@ -326,6 +331,7 @@ class Generator(CollectiveWeights):
         return {"busy_frac": busy / seconds if seconds > 0 else 0.0,
                 "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                 "version": self.version, "requests": s.requests, "sampled_tokens": s.sampled_tokens,
+                "prompt_tokens": s.prompt_tokens, "cached_prompt_tokens": s.cached_prompt_tokens,
                 "continued": s.continued, "aborted": s.aborted, "updates": s.updates,
                 "update_failures": s.update_failures, "updating": self._gate.updating,
                 "last_update_s": s.last_update_s, "last_update_stages": list(s.last_update_stages),
@@ -390,9 +396,11 @@ class Generator(CollectiveWeights):
     async def _swap(self, version: int, mode: str, method: str, args: tuple, t0: float, t1: float) -> None:
         """With the engine paused, run the worker's `method(*args)` (it loads the weights), then stamp `version`."""
         async with self._gate.closed():  # new requests wait here until the engine has resumed
-            # `wait`: requests in flight finish first; `keep`: they stay in the engine, preempted by the cache
-            # reset, and continue after the resume on the new weights. Never `abort` (see update_gate.py).
-            await self.engine.pause_generation(mode=ENGINE_PAUSE_MODE[mode], clear_cache=True)
+            # `wait`: requests in flight finish first; `keep`: they stay in the engine and continue after the
+            # resume on the new weights (preempted and recomputed if the cache is dropped: kv_cache_max_age).
+            # Never `abort` (see update_gate.py).
+            drop = self._kept_updates >= self.cfg.kv_cache_max_age  # kv_cache_max_age: what may stay cached
+            await self.engine.pause_generation(mode=ENGINE_PAUSE_MODE[mode], clear_cache=drop)
             t2 = time.monotonic()
             try:
                 try:
@@ -404,7 +412,9 @@ class Generator(CollectiveWeights):
                                     f"weights are in an unknown state: {exc}")
                     self.stats.update_failures += 1
                     raise WeightUpdateError(self._broken) from exc
-                await self.engine.reset_prefix_cache()
+                if drop:
+                    await self.engine.reset_prefix_cache()
+                self._kept_updates = 0 if drop else self._kept_updates + 1
                 await self.engine.update_weight_version(str(version))
                 self._version_set = True
                 self.version = version

@@ -27,7 +27,8 @@ T = TypeVar("T")
 
 # The generator's `on_weight_update` -> the vLLM pause mode. `finish`: the requests in flight complete on the old
 # weights before the update. `abort` (the turn is cut at the update): the requests are kept and continue on the
-# new weights from where they stopped, recomputing their prefix; nothing is aborted.
+# new weights from where they stopped, recomputing their prefix unless the KV cache is kept across the update
+# (generator.kv_cache_max_age); nothing is aborted.
 ENGINE_PAUSE_MODE = {"finish": "wait", "abort": "keep"}
 
 

@@ -79,6 +79,14 @@ class GeneratorConfig:
     on_weight_update: str = spec("finish", choices=("finish", "abort"))
     """Requests in flight during a weight update: `finish` on the old weights (tokens keep the old version) or
     `abort` and continue on the new weights (a partial rollout; earlier tokens keep their versions)."""
+    kv_cache_max_age: int = spec(0, ge=0)
+    """Weight updates the KV cache survives. 0: cached prefixes are dropped at every update, so each episode in
+    flight re-reads its whole context on the new weights at its next turn (on CPU, seconds per thousand tokens,
+    after every update). N: they are kept across N updates and dropped at the next, so no cached key or value
+    is more than N versions older than the weights; the turns sampled meanwhile attend to keys and values
+    older weights computed (PipelineRL keeps them too). Their logprobs are still the probabilities they were
+    sampled with, which is what the loss's off-policy correction needs, and the learner recomputes every
+    context on its own weights. Keep N at most trainer.max_staleness."""
     seed: int = spec(0, ge=0)
     """Sampling seed of replica 0; replica i samples with seed + i, so that replicas do not draw the same
     samples."""

@@ -36,3 +36,13 @@ class RootConfig:
     """Ray cluster."""
     eval: EvalConfig = spec(EvalConfig())
     """Evaluation."""
+
+    def validate(self) -> list[tuple[str, str]]:
+        """Constraints between sections (each section checks its own)."""
+        problems = []
+        if self.generator.kv_cache_max_age > self.trainer.max_staleness:
+            problems.append(("generator.kv_cache_max_age", (
+                f"at most trainer.max_staleness ({self.trainer.max_staleness}), got "
+                f"{self.generator.kv_cache_max_age}: a cached key or value older than that would make the tokens "
+                "sampled on it staler than the run allows")))
+        return problems

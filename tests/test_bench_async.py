@@ -12,7 +12,8 @@ from configs.load import load_config
 bench = importlib.import_module("launch.bench.async")
 ARGS = bench.argparse.Namespace(model="default", steps=9, groups=2, group_size=4, turns=3, tokens_per_turn=32,
                                 eta=4, lr=1e-9, cores="0,1", autocast="none",
-                                on_weight_update="abort", scheduling="priority", max_num_seqs=12)
+                                on_weight_update="abort", scheduling="priority", max_num_seqs=12,
+                                kv_cache_max_age=3)
 
 
 def configs(workload, tmp_path):
@@ -37,8 +38,12 @@ def test_the_runs_are_valid_configs_differing_only_in_their_mode(tmp_path):
     # --max-num-seqs caps the async run's seats; a sync step's 8 episodes keep the config's (64) to decode together
     assert run_async.generator.max_num_seqs == 12
     assert pinned.generator.max_num_seqs == colocated.generator.max_num_seqs == 64
+    # --kv-cache-max-age: the async run's (at most eta); eta 0 allows the sync runs none
+    assert run_async.generator.kv_cache_max_age == 3
+    assert pinned.generator.kv_cache_max_age == colocated.generator.kv_cache_max_age == 0
     run_async.trainer.max_staleness = 0
     run_async.generator.max_num_seqs = 64
+    run_async.generator.kv_cache_max_age = 0
     assert run_async == pinned
     tail = configs("longtail", tmp_path)["async"]
     assert tail.env.options["workload"] == {"turns": 1, "long_tail": True} and tail.algorithm.rounds_ctrl.rounds == 16
@@ -50,7 +55,10 @@ def test_summary_skips_the_first_step_and_the_drain_and_splits_wait_from_trainin
     rows += [{"perf/step_seconds": s, "perf/learner_idle_frac": w / s, "perf/train_seconds": s - w - 1.0,
               "perf/publish_seconds": 1.0, "train/batch_tokens": 800.0, "train/staleness/0": 0.5}
              for s, w in ((40.0, 10.0), (60.0, 30.0), (20.0, 0.0))]  # the last: the drain, trained alone
+    rows[-1].update({"perf/generator0/prompt_tokens": 900.0, "perf/generator0/cached_prompt_tokens": 700.0,
+                     "perf/generator1/prompt_tokens": 100.0, "perf/generator1/cached_prompt_tokens": 0.0})
     got = bench.summarise(rows, drain=1)
+    assert got["prefill_tokens"] == 300.0  # computed, not cached, over every replica
     assert got["step_s"] == pytest.approx(50.0) and got["wait_s"] == pytest.approx(20.0)
     assert got["train_s"] == pytest.approx(30.0) and got["stale_frac"] == pytest.approx(0.5)
     assert got["whole_run_step_s"] == pytest.approx(40.0)  # (40 + 60 + 20) / 3

@@ -75,6 +75,14 @@ def test_invalid_values_name_the_key(override, key):
     assert err.value.key == key
 
 
+def test_the_kv_cache_may_not_outlive_the_staleness_bound():
+    with pytest.raises(ConfigError, match=r"at most trainer.max_staleness \(1\), got 2") as err:
+        load_config(None, ["generator.kv_cache_max_age=2"])
+    assert err.value.key == "generator.kv_cache_max_age"
+    cfg = load_config(None, ["generator.kv_cache_max_age=2", "trainer.max_staleness=2"])
+    assert cfg.generator.kv_cache_max_age == 2
+
+
 @pytest.mark.parametrize("gpus", ["0.5", "1.5", "0.25"])
 def test_a_learner_rank_takes_whole_gpus(gpus):
     """Two ranks on one device fail in NCCL ("Duplicate GPU detected"): refused when the config loads."""

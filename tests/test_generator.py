@@ -9,6 +9,7 @@ and its acks; and multi-turn episodes of real sampled tokens that decode to a fr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 
@@ -143,6 +144,36 @@ def test_weight_update_matches_pytorch_forward(gen, ref, loop):
     out = run(loop, gen.generate(GenerationRequest(PROMPT, max_tokens=16, session_id="s-after")))
     assert out.versions == [version] * len(out.token_ids)
     assert max_diff(out.logprobs, ref.logprobs(PROMPT + out.token_ids, len(PROMPT))) < TOL
+
+
+def test_the_kv_cache_survives_as_many_updates_as_kv_cache_max_age(gen, ref, loop):
+    """A prompt asked again hits the prefix cache; with kv_cache_max_age 1 it still does after one update and
+    no longer after a second (the cache is dropped); with 0 it is dropped at every update."""
+    prompt = [(7 * i) % 400 + 3 for i in range(600)]  # several whole cache blocks
+
+    def cached_when_asked() -> int:
+        before = run(loop, gen.get_stats())["cached_prompt_tokens"]
+        run(loop, gen.generate(GenerationRequest(prompt, max_tokens=1, session_id="s-kv")))
+        return run(loop, gen.get_stats())["cached_prompt_tokens"] - before
+
+    def update() -> None:  # the same weights under a new version: what the cache does is all that changes
+        run(loop, gen.apply_weights(weight_set(gen.version + 1, ref.state)))
+
+    default = gen.cfg
+    try:
+        gen.cfg = dataclasses.replace(default, kv_cache_max_age=1)
+        cached_when_asked()
+        assert cached_when_asked() >= 512
+        update()
+        assert cached_when_asked() >= 512  # kept across one update
+        update()
+        assert cached_when_asked() == 0  # dropped at the second
+        gen.cfg = default
+        assert cached_when_asked() >= 512
+        update()
+        assert cached_when_asked() == 0
+    finally:
+        gen.cfg = default
 
 
 def test_bad_weight_sets_are_refused_before_touching_the_model(gen, ref, loop):

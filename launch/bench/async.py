@@ -17,7 +17,9 @@ group goes first). `--max-num-seqs` caps the engine's seats in the async mode on
 (η + 1) * groups_per_step groups run at once, and fewer decoded together make each reply, the straggler's
 included, faster, at some cost in throughput. A sync step runs groups_per_step * group_size episodes (8), all
 of which decode together on the config's seats; a cap below that would only hold back a sync step's own work,
-and one above it changes nothing, so the sync modes keep the config's.
+and one above it changes nothing, so the sync modes keep the config's. `--kv-cache-max-age` also sets the async
+run only (generator.kv_cache_max_age: cached prefixes kept across that many weight updates, at most eta): in a
+synchronous run no episode is in flight across an update, and eta 0 allows no cache older than the weights.
 
 Every mode does the same work. The env is the scripted `workload` family (environments/examples/workload.py),
 whose episodes take the turns their item sets, whatever the model writes; replies have a fixed length
@@ -92,6 +94,7 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> 
         f"env.options={{workload: {{turns: {turns}, long_tail: {str(long_tail).lower()}}}}}",
         "algorithm.rounds_ctrl.type=fixed", f"algorithm.rounds_ctrl.rounds={horizon}", *cores,
         f"generator.on_weight_update={args.on_weight_update}", f"generator.scheduling={args.scheduling}",
+        *([f"generator.kv_cache_max_age={args.kv_cache_max_age}"] if mode == "async" else []),
         *([f"generator.max_num_seqs={args.max_num_seqs}"] if args.max_num_seqs and mode == "async" else []),
         "checkpoint.every_steps=0", "eval.at_end=false", "logging.wandb_mode=disabled", "logging.progress_bar=false",
     ]
@@ -130,7 +133,16 @@ def summarise(rows: list[dict], drain: int) -> dict:
             "train_s": mean("perf/train_seconds") + mean("perf/publish_seconds"),
             "tokens": mean("train/batch_tokens"), "stale_frac": 1.0 - mean("train/staleness/0"),
             "whole_run_step_s": sum(r.get("perf/step_seconds", 0.0) for r in rows[1:]) / len(rows[1:]),
+            "prefill_tokens": prefill_tokens(rows[-1]),
             "step_tokens": [r.get("train/batch_tokens", 0.0) for r in rows[1:]]}
+
+
+def prefill_tokens(row: dict) -> float:
+    """Prompt tokens the generators computed over the run (not found in the prefix cache), from a step's
+    counters: what a dropped cache costs the episodes that continue across weight updates."""
+    prompt = sum(v for k, v in row.items() if k.startswith("perf/generator") and k.endswith("/prompt_tokens"))
+    cached = sum(v for k, v in row.items() if k.startswith("perf/generator") and k.endswith("/cached_prompt_tokens"))
+    return prompt - cached
 
 
 def token_mismatch(results: dict[str, dict]) -> tuple[float, str]:
@@ -192,6 +204,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=0,
                         help="generator.max_num_seqs of the async run (0: the config's); the sync runs keep the "
                              "config's, on which all of a step's groups_per_step * group_size episodes decode together")
+    parser.add_argument("--kv-cache-max-age", type=int, default=0,
+                        help="generator.kv_cache_max_age of the async run (0, the config's: cached prefixes are "
+                             "dropped at every weight update; N: kept across N updates, at most --eta). The sync "
+                             "runs have no episode in flight across an update, and eta 0 allows no older cache")
     parser.add_argument("--lr", type=float, default=1e-9, help="learner.lr (tiny: the workload stays fixed)")
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
@@ -214,7 +230,8 @@ def main(argv: list[str]) -> int:
                                               "eta": args.eta, "autocast": args.autocast,
                                               "autocast_resolved": resolve_cpu_autocast(args.autocast)[0],
                                               "on_weight_update": args.on_weight_update,
-                                              "scheduling": args.scheduling, "max_num_seqs": args.max_num_seqs}
+                                              "scheduling": args.scheduling, "max_num_seqs": args.max_num_seqs,
+                                              "kv_cache_max_age": args.kv_cache_max_age}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(args.keep).resolve() if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -223,9 +240,10 @@ def main(argv: list[str]) -> int:
             gap, where = token_mismatch(results)
             figures[f"token_gap_{workload}"] = gap
             print(table(["mode", "s/step", "learner wait s", "train+publish s", "tokens/step", "stale frac",
-                         "s/step whole run"],
+                         "s/step whole run", "prefill tokens"],
                         [[m, r["step_s"], r["wait_s"], r["train_s"], r["tokens"], r["stale_frac"],
-                          r["whole_run_step_s"]] for m, r in results.items()]))
+                          r["whole_run_step_s"], r["prefill_tokens"]] for m, r in results.items()]))
+            figures.update({f"prefill_tokens_{m}_{workload}": r["prefill_tokens"] for m, r in results.items()})
             if gap > TOKEN_TOLERANCE:
                 raise SystemExit(f"bench async: the modes did not train the same tokens on the {workload} "
                                  f"workload ({gap:.1%} apart at {where}); the comparison would not be like "
