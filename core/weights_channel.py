@@ -114,6 +114,9 @@ class WeightPublisher:
       and one that takes no chunk for `stall_timeout_s` is skipped for the rest of that version, named in
       the log and in `stalled[version]`. With `fanout="relay"` the same holds of a chain member that dies or
       stalls: the chain is re-linked around it (core.weights_relay), counted in `relinked`.
+    - Nobody waits for an ack that cannot come: a subscriber that says hello again under its name (a restarted
+      process) counts as having skipped the versions it had not acked, and `wait_acks` does not wait for the
+      subscribers the caller names as down (`excused`). Publishing a version again sends it to them anew.
     """
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, chunk_bytes: int = 4 << 20,
