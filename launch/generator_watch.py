@@ -72,7 +72,8 @@ class GeneratorWatch:
 
     def down_names(self) -> list[str]:
         """The subscriber names of the replicas the last check found down (their weight acks are not awaited)."""
-        return [self.names[i] for i in sorted(self.down_since)]
+        down = self.down_since.copy()  # one step under the GIL: `check` may be changing it on another thread
+        return [self.names[i] for i in sorted(down)]
 
     def take_republish(self) -> bool:
         """Whether a restarted replica needs the current weights (asked once per restart)."""
