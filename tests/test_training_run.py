@@ -25,9 +25,11 @@ RUN = ["trainer.total_steps=6", "checkpoint.every_steps=2", "eval.at_end=false"]
 
 def test_sigkill_mid_run_then_resume_continues_exactly(tiny_model_dir, tmp_path):
     out, log = tmp_path / "run", tmp_path / "train.log"
-    first = start(train_command(tiny_model_dir, out, *RUN), log)
-    # Kill the whole job once step 3 is trained: the last complete checkpoint is then step 2.
-    wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= 3, 600, first, log)
+    # Kill the whole job inside learner step 4 (each step held 2 s, so the kill cannot miss it): step 3 is
+    # trained and the last complete checkpoint is step 2. Waiting for step 3 in trained.jsonl instead let a
+    # fast run finish and checkpoint step 4 between two polls.
+    first = start(_paused(tiny_model_dir, out, 2, *RUN), log)
+    wait_for(lambda: any(r["step"] == 4 for r in read_jsonl(out / "learner_steps.jsonl")), 600, first, log)
     kill_group(first)
     assert first.returncode == -9
     assert max(r["step"] for r in read_jsonl(out / "trained.jsonl")) >= 3
