@@ -93,3 +93,9 @@ def test_too_few_steps_to_time_any_beyond_the_drain_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--steps", "6", "--eta", "4"])  # the first and the drain's 5 leave none
     assert "--steps: at least 7" in capsys.readouterr().err
+
+
+def test_a_kv_cache_older_than_eta_is_refused_before_any_run(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--eta", "2", "--kv-cache-max-age", "3", "--keep", "/nonexistent/never-created"])
+    assert exit_.value.code == 2 and "--kv-cache-max-age: 0 to --eta (2), got 3" in capsys.readouterr().err

@@ -140,9 +140,10 @@ def summarise(rows: list[dict], drain: int) -> dict:
 def prefill_tokens(row: dict) -> float:
     """Prompt tokens the generators computed over the run (not found in the prefix cache), from a step's
     counters: what a dropped cache costs the episodes that continue across weight updates."""
-    prompt = sum(v for k, v in row.items() if k.startswith("perf/generator") and k.endswith("/prompt_tokens"))
-    cached = sum(v for k, v in row.items() if k.startswith("perf/generator") and k.endswith("/cached_prompt_tokens"))
-    return prompt - cached
+    def every_replica(counter: str) -> float:
+        return sum(v for k, v in row.items() if k.startswith("perf/generator") and k.endswith(f"/{counter}"))
+
+    return every_replica("prompt_tokens") - every_replica("cached_prompt_tokens")
 
 
 def token_mismatch(results: dict[str, dict]) -> tuple[float, str]:
@@ -221,6 +222,8 @@ def main(argv: list[str]) -> int:
     for given, known, flag in ((workloads, WORKLOADS, "--workloads"), (modes, MODES, "--modes")):
         if not given or set(given) - set(known):
             parser.error(f"{flag}: expected some of {','.join(known)}, got {','.join(given)}")
+    if not 0 <= args.kv_cache_max_age <= args.eta:  # refused now, not by the async run's config after the sync runs
+        parser.error(f"--kv-cache-max-age: 0 to --eta ({args.eta}), got {args.kv_cache_max_age}")
     drain = args.eta + 1
     args.steps = args.steps or 1 + 8 + drain
     if args.steps < 2 + drain:
