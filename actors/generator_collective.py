@@ -49,27 +49,27 @@ class CollectiveWeights:
                                  timeout_s: float = 300.0) -> None:
         """Receive weights through the weights group at `endpoint` (transport.weights_sync=collective) instead of
         the ZeroMQ channel: this replica's workers take ranks `rank_offset`, `rank_offset + 1`, ... of a group of
-        `world_size`. Returns at once; a background thread joins (when learner rank 0 forms the group), then
-        applies and acks every announced version."""
+        `world_size`. Returns at once (a malformed endpoint is refused here); a background thread joins when
+        learner rank 0 forms the group (its store answers only then, so waiting for it here would hold the
+        learner, which forms the group after every replica has returned), then applies and acks every
+        announced version. A join that fails later is reported by health()."""
+        from actors.collective_subscriber import parse_endpoint
+
+        parse_endpoint(endpoint)
         if self._group_thread is not None:
             raise RuntimeError(f"{self.name} already joined a weights group")
-        loop = asyncio.get_running_loop()
-        ready = threading.Event()
         self._group_thread = threading.Thread(target=self._collective_loop,
-                                              args=(endpoint, rank_offset, world_size, timeout_s, loop, ready),
+                                              args=(endpoint, rank_offset, world_size, timeout_s,
+                                                    asyncio.get_running_loop()),
                                               name=f"{self.name}-weights-group", daemon=True)
         self._group_thread.start()
-        await asyncio.to_thread(ready.wait, 30)
-        if self._weights_error:
-            raise RuntimeError(self._weights_error)
 
     def _collective_loop(self, endpoint: str, rank_offset: int, world_size: int, timeout_s: float,
-                         loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+                         loop: asyncio.AbstractEventLoop) -> None:
         from actors.collective_subscriber import CollectiveSubscriber
 
         try:
             sub = CollectiveSubscriber(endpoint, self.name, timeout_s)
-            ready.set()
             join = self.engine.collective_rpc("agentgym_join_weights_group",
                                               args=(sub.host, sub.port, rank_offset, world_size, timeout_s))
             asyncio.run_coroutine_threadsafe(join, loop).result()
@@ -88,5 +88,3 @@ class CollectiveWeights:
         except BaseException as exc:  # a broken group is not survivable here: health() reports it
             self._weights_error = f"{self.name}: the weights group thread died: {type(exc).__name__}: {exc}"
             log.critical(self._weights_error)
-        finally:
-            ready.set()

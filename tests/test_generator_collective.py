@@ -90,3 +90,16 @@ def test_misfit_set_is_refused_and_the_group_goes_on(setup, tiny_model_dir, loop
     assert publish(loop, pub, old + 2, list(state.items())) == {"collective-gen": (True, "")}
     assert gen.version == old + 2
     assert max_diff(loop.run_until_complete(gen.score(FIXED)), ref.logprobs(FIXED)) < TOL
+
+
+def test_a_join_returns_before_the_group_forms_and_a_bad_endpoint_is_refused_at_once(setup, loop):
+    """The learner forms the group only after every replica's join has returned, so a join must not wait for the
+    group's store (it answers once the group forms): the fixture's join returned first, and the group formed
+    after it is the one every version above went through."""
+    gen, pub = setup
+    health = loop.run_until_complete(gen.health())
+    assert health["problem"] == "" and health["subscribed"], health
+    with pytest.raises(ValueError, match="expected tcp://host:port"):
+        loop.run_until_complete(gen.join_weights_group("nohost", 1, 2))
+    with pytest.raises(RuntimeError, match="already joined"):
+        loop.run_until_complete(gen.join_weights_group(pub.endpoint, 1, pub.world_size))
