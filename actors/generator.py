@@ -383,6 +383,14 @@ class Generator(CollectiveWeights):
                              time.monotonic())
         return self._applied(weights.version, mode, started)
 
+    async def load_folder(self, folder: str, version: int) -> float:
+        """Apply the weights of a model folder as `version` (its tensors must fit this engine's model, as a
+        learner's would): one engine serves several checkpoints in turn. Returns the seconds it took."""
+        from core.models import folder_tensors
+
+        tensors = await asyncio.to_thread(folder_tensors, folder)
+        return await self.apply_weights(WeightSet(version, {t.name: t for t in tensors}), mode="finish")
+
     def _shelf_index(self, weights: WeightSet) -> tuple[str, list]:
         """A shelved version's file and index, with lm_head.weight pointing at the embedding for tied models."""
         path, index = weights.shelf

@@ -258,3 +258,43 @@ def save_policy_folder(tensors: Sequence[TensorBytes], base_dir: str | Path, fol
             f.write(byte_view(by_name[name].data))
     os.replace(tmp, out / "model.safetensors")
     return out
+
+
+def folder_tensors(model_dir: str | Path) -> list[TensorBytes]:
+    """Every tensor of the folder's safetensors files, as read-only views of the files mapped in memory."""
+    import mmap
+
+    tensors = []
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
+    for path in files:
+        with open(path, "rb") as f:
+            whole = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))  # kept alive by its views
+        (size,) = struct.unpack("<Q", whole[:8])
+        header = json.loads(bytes(whole[8:8 + size]))
+        start = 8 + size
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            dtype = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"])
+            tensors.append(TensorBytes(name, dtype, tuple(entry["shape"]), whole[start + begin:start + end]))
+    return tensors
+
+
+_NOT_ARCHITECTURE = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")  # config keys that may differ
+
+
+def same_architecture(a: str | Path, b: str | Path) -> bool:
+    """Whether two model folders hold the same model config and tensor names and shapes, so that one engine
+    loaded from `a` serves `b` once `b`'s weights are loaded into it."""
+    def config(folder: str | Path) -> dict:
+        raw = json.loads((Path(folder) / "config.json").read_text())
+        return {k: v for k, v in raw.items() if k not in _NOT_ARCHITECTURE}
+
+    shapes = lambda folder: {n: s for n, (_, s) in checkpoint_tensors(folder).items()}  # noqa: E731
+    try:
+        return config(a) == config(b) and shapes(a) == shapes(b)
+    except (OSError, ValueError):
+        return False

@@ -167,22 +167,45 @@ def _with_generators(cfg: Any, model: str, out: Path, work) -> Any:
 
 
 def evaluate_model(cfg: Any, args: argparse.Namespace, out: Path, skipped: dict[str, str], base: str) -> None:
-    """The untrained model's rows first (its own generators), then the model's and the random policy's."""
+    """The untrained model's rows first, then the model's and the random policy's. One engine serves both
+    where the two folders hold the same architecture: it starts on the base weights, then loads the trained
+    ones in place (an engine start is the larger part of a small evaluation); else each gets its own."""
+    import ray
+
+    from core.models import resolve_model, same_architecture
     from launch.evaluate import eval_limits, evaluate_rows, evaluate_with
 
-    untrained, notes = None, []
+    notes: list[str] = []
     if not cfg.eval.baselines:
-        pass
+        base = ""
     elif not base:
         notes.append("no untrained row: the base model is not known (give --baseline-model PATH)")
     elif Path(model_folder(base)).resolve() == Path(cfg.model.path).resolve() or base == cfg.model.path:
         notes.append("no untrained row: the model evaluated is the base model itself")
-    else:
-        untrained = _with_generators(cfg, model_folder(base), out, lambda roles: evaluate_rows(
-            cfg, roles.policy, str(roles.model_dir), out, list(cfg.eval.envs), eval_limits(cfg)))
-    _with_generators(cfg, cfg.model.path, out, lambda roles: evaluate_with(
-        cfg, roles, out, model_name=args.model, skipped=skipped, untrained=untrained,
-        untrained_name=base, notes=notes))
+        base = ""
+
+    def trained(roles: EvalRoles, untrained: Any = None) -> None:
+        evaluate_with(cfg, roles, out, model_name=args.model, skipped=skipped, untrained=untrained,
+                      untrained_name=base, notes=notes)
+
+    def untrained_rows(roles: EvalRoles) -> Any:
+        return evaluate_rows(cfg, roles.policy, str(roles.model_dir), out, list(cfg.eval.envs), eval_limits(cfg))
+
+    if not base:
+        _with_generators(cfg, cfg.model.path, out, trained)
+        return
+    base_dir, model_dir = model_folder(base), resolve_model(cfg.model.path, cfg.model.cache_dir)
+    if not same_architecture(resolve_model(base_dir, cfg.model.cache_dir), model_dir):
+        untrained = _with_generators(cfg, base_dir, out, untrained_rows)
+        _with_generators(cfg, cfg.model.path, out, lambda roles: trained(roles, untrained))
+        return
+
+    def both(roles: EvalRoles) -> None:
+        untrained = untrained_rows(roles)
+        ray.get([g.load_folder.remote(str(model_dir), 1) for g in roles.generators])
+        trained(EvalRoles(Path(model_dir), roles.generators, roles.policy), untrained)
+
+    _with_generators(cfg, base_dir, out, both)
 
 
 if __name__ == "__main__":

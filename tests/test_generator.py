@@ -355,3 +355,31 @@ def test_a_load_failing_inside_the_engine_stops_generation_until_a_good_version(
     out = run(loop, gen.generate(GenerationRequest(PROMPT, 4, "s-healed")))
     assert out.versions == [version + 1] * len(out.token_ids)
     assert max_diff(out.logprobs, ref.logprobs(PROMPT + out.token_ids, len(PROMPT))) < TOL
+
+
+def test_a_model_folder_loads_into_the_running_engine(gen, ref, tiny_model_dir, tmp_path, loop):
+    """One engine serves several checkpoints (launch.eval: the untrained model, then the trained one): a saved
+    policy folder (bfloat16 here, cast to the engine's float32) loads in place and scores as PyTorch does with
+    its weights; a folder that does not fit the model is refused before anything is touched."""
+    from safetensors.torch import save_file
+
+    from core.models import same_architecture, save_policy_folder
+
+    state = {k: v.to(torch.bfloat16) for k, v in perturbed(ref.state, seed=7).items()}
+    folder = save_policy_folder([TensorBytes(k, "bfloat16", tuple(v.shape), v.view(torch.int16).numpy().tobytes())
+                                 for k, v in state.items()], tiny_model_dir, tmp_path / "policy")
+    assert same_architecture(tiny_model_dir, folder)
+    version = gen.version + 1
+    run(loop, gen.load_folder(str(folder), version))
+    ref.load({k: v.float() for k, v in state.items()})
+    fixed = PROMPT + [77, 78, 79]
+    assert gen.version == version and max_diff(run(loop, gen.score(fixed)), ref.logprobs(fixed)) < TOL
+
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    save_file({k: v.float() for k, v in state.items() if k != "model.norm.weight"}, str(short / "model.safetensors"))
+    assert not same_architecture(tiny_model_dir, short)
+    with pytest.raises(WeightUpdateError, match="model.norm.weight"):
+        run(loop, gen.load_folder(str(short), version + 1))
+    assert gen.version == version
