@@ -99,3 +99,27 @@ def test_a_kv_cache_older_than_eta_is_refused_before_any_run(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--eta", "2", "--kv-cache-max-age", "3", "--keep", "/nonexistent/never-created"])
     assert exit_.value.code == 2 and "--kv-cache-max-age: 0 to --eta (2), got 3" in capsys.readouterr().err
+
+
+def test_reuse_reads_back_a_finished_run_with_the_same_command_and_runs_any_other(tmp_path, monkeypatch):
+    args = bench.argparse.Namespace(**vars(ARGS), reuse=True, timeout_s=60)
+    out = tmp_path / "async_fixed"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    cmd = [bench.sys.executable, "-m", "launch.train", *bench.overrides(args, "async", "fixed", out)]
+    record = tmp_path / "async_fixed.command.json"
+    record.write_text(bench.json.dumps({"command": cmd[1:], "commit": bench.commit()}))
+    ran, real_run = [], bench.subprocess.run
+
+    def run(argv, **kwargs):  # git still answers; a training run is recorded and refused
+        if argv[0] == "git":
+            return real_run(argv, **kwargs)
+        ran.append(argv)
+        raise OSError("no training run in this test")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    assert bench.run_mode(args, "async", "fixed", tmp_path) == [{"step": 1}, {"step": 2}] and not ran
+    args.eta = 3  # another command: the kept run is dropped and the mode runs again
+    with pytest.raises(OSError):
+        bench.run_mode(args, "async", "fixed", tmp_path)
+    assert ran and not record.exists() and not out.exists()

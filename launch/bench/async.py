@@ -103,8 +103,15 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> 
 def run_mode(args: argparse.Namespace, mode: str, workload: str, root: Path) -> list[dict]:
     name = f"{mode}_{workload}"
     out = root / name
-    shutil.rmtree(out, ignore_errors=True)  # a kept folder from an earlier run must not mix its steps in
     cmd = [sys.executable, "-m", "launch.train", *overrides(args, mode, workload, out)]
+    record, made_by = root / f"{name}.command.json", {"command": cmd[1:], "commit": commit()}
+    if args.reuse and record.is_file() and json.loads(record.read_text()) == made_by \
+            and (out / "metrics.jsonl").is_file():  # the record is written once the run finished
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        print(f"{name}: reusing the finished run in {out} ({len(rows)} steps)", flush=True)
+        return rows
+    record.unlink(missing_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # a kept folder from an earlier run must not mix its steps in
     log_path = root / f"{name}.log"
     started = time.monotonic()
     with open(log_path, "wb") as log:
@@ -117,7 +124,18 @@ def run_mode(args: argparse.Namespace, mode: str, workload: str, root: Path) -> 
     if len(rows) < 2:
         raise SystemExit(f"bench async: the {name} run logged {len(rows)} steps; need at least 2 (--steps)")
     print(f"{name}: {len(rows)} steps in {time.monotonic() - started:.0f} s (log {log_path})", flush=True)
+    record.write_text(json.dumps(made_by))
     return rows
+
+
+def commit() -> str:
+    """The checkout's commit, with `+` when it has uncommitted changes ("" outside a git checkout)."""
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "HEAD")
+    return head + ("+" if head and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def summarise(rows: list[dict], drain: int) -> dict:
@@ -213,8 +231,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
     parser.add_argument("--modes", default=",".join(MODES), help=f"some of {','.join(MODES)}")
-    parser.add_argument("--timeout-s", type=float, default=1800, help="limit per run")
+    parser.add_argument("--timeout-s", type=float, default=0,
+                        help="limit per run (default: 300 s per step, at least 1800 s)")
     parser.add_argument("--keep", default="", help="keep the runs' folders and logs here (default: a temp dir)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --keep: a mode's run that finished there with the same command is read back, "
+                             "not run again (an interrupted bench goes on where it stopped)")
     args = parser.parse_args(argv)
     if len(args.cores.split(",")) != 2:
         parser.error("--cores takes two core ids, e.g. 0,1")
@@ -224,8 +246,11 @@ def main(argv: list[str]) -> int:
             parser.error(f"{flag}: expected some of {','.join(known)}, got {','.join(given)}")
     if not 0 <= args.kv_cache_max_age <= args.eta:  # refused now, not by the async run's config after the sync runs
         parser.error(f"--kv-cache-max-age: 0 to --eta ({args.eta}), got {args.kv_cache_max_age}")
+    if args.reuse and not args.keep:
+        parser.error("--reuse reads back the runs kept by --keep: give --keep DIR")
     drain = args.eta + 1
     args.steps = args.steps or 1 + 8 + drain
+    args.timeout_s = args.timeout_s or max(1800.0, 300.0 * args.steps)
     if args.steps < 2 + drain:
         parser.error(f"--steps: at least {2 + drain} (the first and the last eta + 1 = {drain} are not timed)")
 
