@@ -62,6 +62,7 @@ from pathlib import Path
 
 from configs.learner import CPU_AUTOCAST_CHOICES
 from core.cpu_features import resolve_cpu_autocast
+from core.metrics import read_jsonl
 from launch.bench.report import emit, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +108,7 @@ def run_mode(args: argparse.Namespace, mode: str, workload: str, root: Path) -> 
     record, made_by = root / f"{name}.command.json", {"command": cmd[1:], "commit": commit()}
     if args.reuse and record.is_file() and json.loads(record.read_text()) == made_by \
             and (out / "metrics.jsonl").is_file():  # the record is written once the run finished
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = read_jsonl(out / "metrics.jsonl")
         print(f"{name}: reusing the finished run in {out} ({len(rows)} steps)", flush=True)
         return rows
     record.unlink(missing_ok=True)
@@ -120,7 +121,7 @@ def run_mode(args: argparse.Namespace, mode: str, workload: str, root: Path) -> 
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
         raise SystemExit(f"bench async: the {name} run failed ({proc.returncode}); its log ends:\n{tail}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(out / "metrics.jsonl")
     if len(rows) < 2:
         raise SystemExit(f"bench async: the {name} run logged {len(rows)} steps; need at least 2 (--steps)")
     print(f"{name}: {len(rows)} steps in {time.monotonic() - started:.0f} s (log {log_path})", flush=True)
