@@ -23,6 +23,7 @@ import fcntl
 import importlib.util
 import json
 import logging
+import math
 import os
 import shutil
 import struct
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from core.weights_channel import TensorBytes, byte_view
+from core.weights_channel import TensorBytes, byte_view, itemsize
 
 log = logging.getLogger("agentgym.models")
 
@@ -279,6 +280,10 @@ def folder_tensors(model_dir: str | Path) -> list[TensorBytes]:
                 continue
             begin, end = entry["data_offsets"]
             dtype = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"])
+            want = math.prod(entry["shape"]) * itemsize(dtype)
+            if not 0 <= begin <= end <= len(whole) - start or end - begin != want:
+                raise ValueError(f"{path}: {name} holds bytes {begin}..{end} of {len(whole) - start}, "
+                                 f"its dtype and shape need {want}")
             tensors.append(TensorBytes(name, dtype, tuple(entry["shape"]), whole[start + begin:start + end]))
     return tensors
 

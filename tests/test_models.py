@@ -136,3 +136,19 @@ def test_saved_policy_folder_loads_with_the_trained_weights(tiny_model_dir, tmp_
         tiny_model_dir).chat_template
     with pytest.raises(ValueError, match="model.norm.weight"):
         save_policy_folder([t for t in tensors if t.name != "model.norm.weight"], tiny_model_dir, tmp_path / "x")
+
+
+def test_a_model_folder_whose_tensors_overrun_the_file_is_refused_naming_the_tensor(tmp_path):
+    """A cut or garbled safetensors file is refused when it is read, before any engine is touched."""
+    import torch
+    from safetensors.torch import save_file
+
+    from core.models import folder_tensors
+
+    save_file({"a": torch.ones(4), "b": torch.zeros(2, 3)}, str(tmp_path / "model.safetensors"))
+    assert [(t.name, t.shape, len(t.data)) for t in sorted(folder_tensors(tmp_path), key=lambda t: t.name)] == [
+        ("a", (4,), 16), ("b", (2, 3), 24)]
+    whole = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(whole[:-8])  # a write cut short
+    with pytest.raises(ValueError, match="need 24|need 16"):
+        folder_tensors(tmp_path)
