@@ -14,7 +14,9 @@ What must hold:
   sends its next turn at once); vLLM batches whatever is in flight. There are no rounds. When requests wait for
   a seat (`max_num_seqs`) or the KV cache, `scheduling: priority` serves the one whose group started first (the
   request's `priority`, the coordinator's draw order), so the groups the next batch waits for are not held up by
-  groups started after them; `fcfs` serves them in arrival order.
+  groups started after them; `fcfs` serves them in arrival order. The generator hands out the seats itself
+  (actors/seat_pool.py): with `priority`, a seat whose reply ended is held `seat_hold_s` for the episode's next
+  turn (or an older group's), which a newer group's waiting turn would otherwise take for a whole reply.
 - Weight updates (`apply_weights`, or a background thread on the weights channel) are applied in place,
   one at a time, with the scheduler paused: `finish` lets requests in flight complete on the old weights
   (their tokens keep the old version), `abort` cuts them at the update and keeps them in the engine, which
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.generator_collective import CollectiveWeights, WeightUpdateError
+from actors.seat_pool import SeatPool
 from actors.session_slots import SessionSlots
 from actors.update_gate import ENGINE_PAUSE_MODE, UpdateGate
 from actors.vllm_weights import WORKER_EXTENSION
@@ -124,6 +127,8 @@ class Generator(CollectiveWeights):
         cache = self.engine.vllm_config.cache_config
         self.kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
         self.slots = SessionSlots(1, cfg.session_idle_s)
+        priority = cfg.scheduling == "priority"
+        self.seats = SeatPool(cfg.max_num_seqs, cfg.seat_hold_s if priority else 0.0)
         self._admit_for(cfg.session_tokens or max_model_len)
 
     # -- engine ---------------------------------------------------------------------------------------------
@@ -166,6 +171,7 @@ class Generator(CollectiveWeights):
         """Stamp the initial version and run one tiny request, so the first real one does not pay warm-up."""
         await self._stamp_initial_version()
         await self._sample([0], 1, GenerationRequest([0], 1, "warmup"))
+        self.seats.end("warmup")
         return self.describe()
 
     async def set_session_tokens(self, tokens: int) -> int:
@@ -250,8 +256,15 @@ class Generator(CollectiveWeights):
             stop_token_ids=list(request.stop_token_ids) or None, detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        rid, final = await self._gate.call(
-            lambda: self._final_output(prompt_ids, params, request.session_id, request.priority))
+        priority = request.priority if self.cfg.scheduling == "priority" else 0
+        await self.seats.acquire(request.session_id, priority)
+        try:
+            rid, final = await self._gate.call(
+                lambda: self._final_output(prompt_ids, params, request.session_id, priority))
+        except BaseException:
+            self.seats.release_now()
+            raise
+        self.seats.release(request.session_id, priority)
         out = final.outputs[0]
         ids = list(out.token_ids)
         if len(ids) and (out.logprobs is None or len(out.logprobs) != len(ids)):
@@ -308,8 +321,9 @@ class Generator(CollectiveWeights):
         return [float(step[tok].logprob) for step, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
 
     async def end_session(self, session_id: str) -> None:
-        """The episode ended: free its admission slot."""
+        """The episode ended: free its admission slot and any engine seat held for its next turn."""
         self.slots.release(session_id)
+        self.seats.end(session_id)
 
     async def load(self) -> dict:
         """What a router needs to pick the least-loaded replica for a new episode."""
@@ -335,7 +349,8 @@ class Generator(CollectiveWeights):
                 "continued": s.continued, "aborted": s.aborted, "updates": s.updates,
                 "update_failures": s.update_failures, "updating": self._gate.updating,
                 "last_update_s": s.last_update_s, "last_update_stages": list(s.last_update_stages),
-                "admission_wait_s": s.admission_wait_s, **self._gate.counters(),
+                "admission_wait_s": s.admission_wait_s, "seat_wait_s": self.seats.wait_s,
+                "held_seat_turns": self.seats.held_turns, **self._gate.counters(),
                 "sessions": self.slots.active, "waiting": self.slots.waiting, "expired_sessions": self.slots.expired,
                 "capacity": self.slots.capacity}
 

@@ -74,6 +74,11 @@ class GeneratorConfig:
     """Which waiting request the engine serves next: `priority` the one of the group started first (an older
     group's next turn before a newer group's, so that the batch a step waits for is done first); `fcfs` the one
     that arrived first. Only matters while requests wait for a seat (max_num_seqs) or the KV cache."""
+    seat_hold_s: float = spec(1.0, ge=0)
+    """With `scheduling: priority`, how long a seat whose reply ended is kept for the episode's next turn (or a
+    turn of a group as old) before a newer group's waiting turn takes it; an episode's end frees it at once.
+    Between turns the episode has no request in the engine, and without the hold the group a batch waits for
+    queues behind newer groups' whole replies every turn. 0: no hold. Longer env steps than this lose the seat."""
     enable_prefix_caching: bool = spec(True)
     """Keep on: multi-turn prompts share long prefixes."""
     on_weight_update: str = spec("finish", choices=("finish", "abort"))

@@ -56,3 +56,38 @@ def test_waiting_turns_are_served_by_priority_or_arrival(gen, loop):
     expected = ["holding", "older-group", "newer-group"] if gen.cfg.scheduling == "priority" \
         else ["holding", "newer-group", "older-group"]
     assert order == expected
+
+
+async def next_turn_order(gen: Generator) -> list[str]:
+    """An episode's turn holds the one seat while a newer group's turn waits; the episode's next turn is sent
+    the moment its reply is back, as the rollout loop does once the env has stepped."""
+    done: list[str] = []
+
+    async def reply(session: str, priority: int, tokens: int, name: str) -> None:
+        await gen.generate(GenerationRequest(PROMPT, tokens, session, min_tokens=tokens, priority=priority))
+        done.append(name)
+
+    async def episode() -> None:
+        await reply("episode", 1, LONG, "turn-1")
+        await reply("episode", 1, 4, "turn-2")
+        await gen.end_session("episode")
+
+    ep = asyncio.ensure_future(episode())
+    while gen._inflight == 0:  # noqa: SLF001
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    newer = asyncio.ensure_future(reply("newer-group", 9, 4, "newer"))
+    await asyncio.sleep(0.2)
+    assert not done, "the first turn ended before the newer group's turn queued: the test shows nothing"
+    await asyncio.gather(ep, newer)
+    await gen.end_session("newer-group")
+    return done
+
+
+def test_the_seat_is_held_for_the_episodes_next_turn_under_priority(gen, loop):
+    """With `priority` the seat is held (`seat_hold_s`) and the episode's next turn goes before the newer
+    group's; `fcfs` holds nothing and the newer turn, waiting already, takes the seat between the two turns."""
+    order = loop.run_until_complete(next_turn_order(gen))
+    expected = ["turn-1", "turn-2", "newer"] if gen.cfg.scheduling == "priority" else ["turn-1", "newer", "turn-2"]
+    assert order == expected
+    assert gen.seats.in_use == 0 and gen.seats.held == 0
