@@ -279,14 +279,13 @@ class Generator(ChannelWeights, CollectiveWeights):
 
     async def _final_output(self, prompt_ids: list[int], params, tag: str, priority: int = 0):
         """One engine request (a fresh id on every attempt); returns (request id, its final output). `priority`
-        orders it among waiting requests when the engine schedules by priority (it is sent as 0 otherwise)."""
+        orders it among waiting requests when the engine schedules by priority (callers send 0 otherwise)."""
         from vllm.inputs import TokensPrompt
 
         if self._broken:  # e.g. the update this request waited for failed half-way
             raise WeightUpdateError(self._broken)
         rid = f"{tag}-{uuid.uuid4().hex[:10]}"
         final = None
-        priority = priority if self.cfg.scheduling == "priority" else 0
         async for final in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, rid,
                                                 priority=priority):
             pass

@@ -93,10 +93,11 @@ class SeatPool:
         if self._grant_next(max_priority=priority):
             return
         dropped = self._drop_hold(session)  # a hold left by another request of the session: one per session
-        if self.hold_s > 0 and self._free() > 0:
+        hold = self.hold_s > 0 and self._free() > 0
+        if hold:
             timer = asyncio.get_running_loop().call_later(self.hold_s, self._expire, session)
             self._holds[session] = (priority, timer)
-        if dropped or not self._holds.get(session):
+        if dropped or not hold:
             self._dispatch()
 
     def release_now(self) -> None:
