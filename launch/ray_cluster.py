@@ -9,6 +9,8 @@ import logging
 import os
 import sys
 
+from launch import ray_log_filter
+
 # A local Ray must stay on loopback, and a local ray.init must not write an auth token that later breaks
 # `ray start` / `ray job submit`. Ray reads these when it is imported: launch/__init__.py sets them before
 # any launch module imports Ray; connect() sets them again for callers from elsewhere. A run that joins an
@@ -42,7 +44,8 @@ def connect(address: str = "", num_cpus: int = 0, namespace: str = "agentgym-rl"
             runtime_env: dict | None = None, num_gpus: int | None = None, quiet: bool = False) -> str:
     """Join or start Ray; returns "local" or the address joined. Safe to call twice. `num_gpus`: the GPUs a
     local Ray declares (None: the ones it detects). `quiet`: Ray's own INFO lines in this process are not
-    printed (its warnings are)."""
+    printed (its warnings are); a raylet's warning that repeats on a timer is shown once, then every 10 min
+    with its count (`launch.ray_log_filter`)."""
     address = address or os.environ.get("RAY_ADDRESS", "")
     defaults = ray_env_defaults([f"ray.address={address}"] if address else [])
     for key, value in defaults.items():
@@ -54,10 +57,12 @@ def connect(address: str = "", num_cpus: int = 0, namespace: str = "agentgym-rl"
     if address:
         ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True,
                  logging_level=logging.WARNING if quiet else logging.INFO)
+        ray_log_filter.install()
         return address
     ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, namespace=namespace,
              _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=runtime_env,
              log_to_driver=True, logging_level=logging.WARNING if quiet else logging.INFO)
+    ray_log_filter.install()
     return "local"
 
 

@@ -22,10 +22,11 @@ def train_command(model_dir: Path, out: Path, *overrides: str, recipe: Path = TI
             f"trainer.output_dir={out}", "logging.wandb_mode=disabled", *overrides]
 
 
-def start(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    """Start a run in its own process group (so a test can kill the job with everything it started)."""
+def start(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a run in its own process group (so a test can kill the job with everything it started); `env`
+    is added to this process's environment."""
     log = open(log_path, "ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
