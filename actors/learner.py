@@ -192,11 +192,11 @@ class Learner:
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
-    def _run(self, model, mb: MicroBatch, with_entropy: bool) -> Scores:
+    def _run(self, model, mb: MicroBatch, with_entropy: bool, entropy_grad: bool = False) -> Scores:
         t = self._tensor
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):  # backward runs outside it
             return Scores.of(model(t(mb.input_ids), t(mb.position_ids), t(mb.score_index), t(mb.targets),
-                                   with_entropy=with_entropy))
+                                   with_entropy=with_entropy, entropy_grad=entropy_grad))
 
     def _plan(self, trajs, members: Sequence[int]) -> list[MicroBatch]:
         """Micro-batches of `members`, padded to the count every rank agrees on."""
@@ -293,10 +293,10 @@ class Learner:
         local_seqs = sum(1 for i in part if trajs[i].loss_mask.any())
         total_tokens, total_seqs = self._agree([local_tokens, local_seqs], "sum")
         fused = proximal is None  # the proximal logprobs are this forward's own, detached
-        use_entropy = self.settings.entropy_coef > 0 or fused
+        entropy_loss = self.settings.entropy_coef > 0  # otherwise the entropy is a metric, with no graph
         t = self._tensor
         for mb in mbs:
-            out = self._run(self.engine, mb, with_entropy=use_entropy)
+            out = self._run(self.engine, mb, with_entropy=entropy_loss or fused, entropy_grad=entropy_loss)
             weights = aggregation_weights(t(mb.seq_token_count), self.algo.loss_agg, total_tokens, total_seqs)
             # DeepSpeed averages gradients over ranks; the weights already make the global mean, so undo that.
             weights = weights * self.world_size if not mb.padding else torch.zeros_like(weights)

