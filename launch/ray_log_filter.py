@@ -16,7 +16,7 @@ from typing import Callable
 
 log = logging.getLogger("agentgym.ray")
 
-_VARYING = re.compile(r"\d|0x[0-9a-fA-F]")  # timestamps, pids, sizes, session names
+_VARYING = re.compile(r"\d")  # timestamps, pids, sizes, session names, hex ids
 _HANDLER = "ray_print_logs"  # the name Ray's driver gives its forwarded-log printer (ray/_private/worker.py)
 _MAX_KEYS = 1024
 
@@ -65,18 +65,16 @@ def install(every_s: float = 600.0) -> bool:
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:
         return False
-    handlers = getattr(dispatcher, "handlers", None)
     lock = getattr(dispatcher, "_lock", None)
-    if not isinstance(handlers, list) or lock is None:
+    if not isinstance(getattr(dispatcher, "handlers", None), list) or lock is None:
         return False
     with lock:
         for i, (name, handler) in enumerate(dispatcher.handlers):
-            if name == _HANDLER and not isinstance(handler, _Filtered):
-                dispatcher.handlers = [*dispatcher.handlers[:i], (name, _Filtered(handler, RepeatFilter(every_s))),
-                                       *dispatcher.handlers[i + 1:]]
-                return True
             if name == _HANDLER:
-                return True  # already filtered
+                if not isinstance(handler, _Filtered):  # not filtered already
+                    dispatcher.handlers = [*dispatcher.handlers[:i], (name, _Filtered(handler, RepeatFilter(every_s))),
+                                           *dispatcher.handlers[i + 1:]]
+                return True
     log.debug("no %s handler to filter: the raylet's repeated warnings print as Ray prints them", _HANDLER)
     return False
 
