@@ -123,3 +123,32 @@ def test_reuse_reads_back_a_finished_run_with_the_same_command_and_runs_any_othe
     with pytest.raises(OSError):
         bench.run_mode(args, "async", "fixed", tmp_path)
     assert ran and not record.exists() and not out.exists()
+
+
+def test_the_tail_of_the_timed_window_is_read_from_the_runs_lineage(tmp_path):
+    """The window's groups counted by their item's turns, as the workload draws them; steps outside it are not."""
+    from environments.examples.workload import turns_for
+    from launch.bench.tail import describe, expected_turns, window_turns
+
+    by_turns: dict[int, list[str]] = {}
+    for n in range(200):
+        by_turns.setdefault(turns_for(f"workload_{n}", 1, True), []).append(f"workload_{n}")
+    assert sorted(by_turns) == [1, 2, 4, 8, 16]
+    steps = {1: [by_turns[16][0], by_turns[1][0]], 2: [by_turns[16][1], by_turns[8][0]],
+             3: [by_turns[2][0], by_turns[2][1]], 4: [by_turns[16][2], by_turns[4][0]]}
+    groups, trained = [], []
+    for step, items in steps.items():
+        ids = [f"g{step}{i}-{item}" for i, item in enumerate(items)]
+        groups += [bench.json.dumps({"group_id": g, "item_id": item}) for g, item in zip(ids, items)]
+        trained.append(bench.json.dumps({"step": step, "groups": ids}))
+    (tmp_path / "groups.jsonl").write_text("\n".join(groups) + "\n")
+    (tmp_path / "trained.jsonl").write_text("\n".join(trained) + "\n")
+    assert window_turns(tmp_path, 2, 3) == {1: 0, 2: 2, 4: 0, 8: 1, 16: 1}
+    assert window_turns(tmp_path, 1, 4) == {1: 1, 2: 2, 4: 1, 8: 1, 16: 3}
+    assert expected_turns(16) == {1: 8, 2: 4, 4: 2, 8: 1, 16: 1}
+    assert describe({1: 0, 2: 2, 4: 0, 8: 1, 16: 1}, 2, 3) == (
+        "the timed steps 2-3 trained 4 groups of 1, 2, 4, 8, 16 turns: 0, 2, 0, 1, 1 "
+        "(the tail's weights give 2, 1, 0.5, 0.25, 0.25)")
+    (tmp_path / "groups.jsonl").write_text(groups[0] + "\n")  # a lineage missing a group is refused, not skipped
+    with pytest.raises(ValueError, match="groups.jsonl lacks"):
+        window_turns(tmp_path, 2, 3)

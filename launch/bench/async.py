@@ -64,6 +64,7 @@ from configs.learner import CPU_AUTOCAST_CHOICES
 from core.cpu_features import resolve_cpu_autocast
 from core.metrics import read_jsonl
 from launch.bench.report import emit, table
+from launch.bench.tail import describe, window_turns
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("sync_colocated", "sync_pinned", "async")
@@ -294,6 +295,11 @@ def main(argv: list[str]) -> int:
                       + ("; and on a long tail async also fills the time the generator idles behind stragglers, "
                          "which the ideal does not count" if workload == "longtail" else ""))
             figures.update(found)
+            if workload == "longtail":  # the same groups in every mode: read the first mode's lineage
+                first, last = 2, args.steps - drain
+                held = window_turns(root / f"{modes[0]}_{workload}", first, last)
+                figures["timed_groups_by_turns_longtail"] = {str(t): n for t, n in held.items()}
+                print(f"{workload}: {describe(held, first, last)}")
             print(f"{workload}: trained tokens per timed step agree within {gap:.2%} across modes", flush=True)
     emit(figures)
     return 0
