@@ -32,7 +32,9 @@ between modes. Two workloads:
 - `fixed`: every episode takes `--turns` (3) turns;
 - `longtail`: the turns of each item are drawn from a heavy tail (1 turn with probability 1/2, 2, 4, 8 and
   16 turns with 1/4, 1/8, 1/16, 1/16: a mean of 3, and a few episodes 8 to 16 times longer than most), the
-  shape of agent tasks, where a synchronous step waits for its longest episode.
+  shape of agent tasks, where a synchronous step waits for its longest episode. A seeded window of a few dozen
+  groups may hold more or fewer of the longest than that, so the bench prints the groups its timed steps
+  trained by turns (launch/bench/tail.py).
 
 Measured per run over the same steps in every mode: those after the first (which fills the pipeline and warms
 the engine) and before the drain, the last eta + 1 steps, which an async run trains after its last group started
