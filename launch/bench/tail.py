@@ -36,6 +36,7 @@ def expected_turns(groups: int, turns: int = 1) -> dict[int, float]:
 
 
 def describe(found: dict[int, int], first: int, last: int, turns: int = 1) -> str:
+    """One line: the window's groups by turns, beside what the tail's weights give as many groups."""
     expected = expected_turns(sum(found.values()), turns)
     lengths = ", ".join(str(t) for t in found)
     return (f"the timed steps {first}-{last} trained {sum(found.values())} groups of {lengths} turns: "
