@@ -63,6 +63,7 @@ def test_summary_skips_the_first_step_and_the_drain_and_splits_wait_from_trainin
     assert got["train_s"] == pytest.approx(30.0) and got["stale_frac"] == pytest.approx(0.5)
     assert got["whole_run_step_s"] == pytest.approx(40.0)  # (40 + 60 + 20) / 3
     assert got["step_tokens"] == [800.0, 800.0, 800.0]  # the same work is checked on every step after the first
+    assert got["timed_steps"] == (2, 3)  # steps 2 and 3 of 4: after the first, before the drain's one
     with pytest.raises(SystemExit, match="leave none"):
         bench.summarise(rows[:2], drain=1)
 

@@ -156,7 +156,8 @@ def summarise(rows: list[dict], drain: int) -> dict:
             "tokens": mean("train/batch_tokens"), "stale_frac": 1.0 - mean("train/staleness/0"),
             "whole_run_step_s": sum(r.get("perf/step_seconds", 0.0) for r in rows[1:]) / len(rows[1:]),
             "prefill_tokens": prefill_tokens(rows[-1]),
-            "step_tokens": [r.get("train/batch_tokens", 0.0) for r in rows[1:]]}
+            "step_tokens": [r.get("train/batch_tokens", 0.0) for r in rows[1:]],
+            "timed_steps": (2, len(rows) - drain)}  # the steady rows' step numbers, first and last (steps count from 1)
 
 
 def prefill_tokens(row: dict) -> float:
@@ -298,7 +299,7 @@ def main(argv: list[str]) -> int:
                          "which the ideal does not count" if workload == "longtail" else ""))
             figures.update(found)
             if workload == "longtail":  # the same groups in every mode: read the first mode's lineage
-                first, last = 2, args.steps - drain
+                first, last = results[modes[0]]["timed_steps"]
                 held = window_turns(root / f"{modes[0]}_{workload}", first, last)
                 figures["timed_groups_by_turns_longtail"] = {str(t): n for t, n in held.items()}
                 print(f"{workload}: {describe(held, first, last)}")
