@@ -178,3 +178,37 @@ def test_replies_without_an_action_are_answered_locally(babyai_server):
     none, named = asyncio.run(main())
     assert not none.valid_action and none.parse_rule == "none" and "No available action" in none.observation
     assert named.parse_rule == "lenient" and named.success
+
+
+def _flooding_server(declared: bool) -> web.Application:
+    """A server whose /create reply never ends (streamed without a length) or declares 64 MiB: the client
+    must refuse it at its cap instead of holding it whole."""
+    app = web.Application()
+
+    async def create(request):
+        if declared:
+            return web.Response(body=b" " * (64 << 20), content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        try:
+            for _ in range(4096):  # 4 GiB if nothing stopped it; the client hangs up at its cap
+                await resp.write(b" " * (1 << 20))
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+
+    app.router.add_post("/create", create)
+    return app
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_client_refuses_a_reply_over_its_cap_naming_it(declared):
+    with _AppThread(_flooding_server(declared)) as server:
+        async def main():
+            env = AgentGymHTTPEnv(server.url, "babyai", timeout_s=30, max_reply_bytes=1 << 20)
+            try:
+                with pytest.raises(EnvServerError, match="over the client's cap of 1048576 bytes"):
+                    await env.reset("agentgym_http_0")
+            finally:
+                await env.close()
+        asyncio.run(main())

@@ -8,6 +8,7 @@ import json
 import random
 import socket
 import time
+import urllib.parse
 
 from configs.env import EnvConfig
 from environments.agentgym_http import make_server
@@ -38,7 +39,7 @@ def _bodies(rng: random.Random, live: list[int]) -> bytes:
     if kind == 7:
         return b"{" + b'"a":{' * 40 + b"}" * 41  # nested beyond the server's depth limit
     if kind == 8:
-        return json.dumps({"id": rng.choice([True, False, "abc", "12a", [1]])}).encode()
+        return json.dumps({"id": rng.choice([True, False, "abc", "12a", [1], "\u00b2", "\u0661", "1" * 19])}).encode()
     if kind == 9:
         return b""
     return json.dumps({"id": env_id, "data_idx": rng.randrange(0, 40), "action": "turn left"}).encode()
@@ -84,6 +85,29 @@ def test_env_server_answers_1000_hostile_requests_with_4xx_and_keeps_serving():
         env_id = json.loads(body)["id"]
         assert _request(conn, "POST", "/reset", json.dumps({"id": env_id, "data_idx": 0}).encode())[0] == 200
         assert _request(conn, "POST", "/step", json.dumps({"id": env_id, "action": "turn left"}).encode())[0] == 200
+        conn.close()
+
+
+# Strings str.isdigit() takes that are no ASCII id: a superscript two (int() raises), an Arabic-Indic one and
+# a fullwidth one (int() reads both as 1), a digit string past the 18 allowed, an empty string, a sign.
+NON_ASCII_IDS = ["\u00b2", "\u0661", "\uff11", "1" * 19, "", "+1", " 1", "1\n"]
+
+
+def test_env_server_answers_400_for_every_id_that_is_not_ascii_digits():
+    server = make_server("babyai", EnvConfig(), max_envs=4)
+    with ServerThread(server) as thread:
+        conn = http.client.HTTPConnection(thread.host, thread.port, timeout=30)
+        for _ in range(2):  # ids 0 and 1 exist, so a "1" read from other digits would reach a live env
+            assert _request(conn, "POST", "/create", b"{}")[0] == 200
+        assert _request(conn, "POST", "/reset", json.dumps({"id": "1", "data_idx": 0}).encode())[0] == 200
+        for bad in NON_ASCII_IDS:
+            for path, body in (("/reset", {"id": bad, "data_idx": 0}), ("/step", {"id": bad, "action": "turn left"}),
+                               ("/close", {"id": bad})):
+                status, reply = _request(conn, "POST", path, json.dumps(body).encode())
+                assert status == 400 and "not an integer" in json.loads(reply)["error"], (bad, path, status, reply)
+            status, reply = _request(conn, "GET", "/observation?id=" + urllib.parse.quote(bad))
+            assert status == 400, (bad, status, reply)
+        assert sorted(server._envs) == [0, 1]  # nothing was closed through a look-alike id
         conn.close()
 
 

@@ -9,8 +9,9 @@ What must hold:
   lenient mode BabyAI's available actions (read from the observation) and TextCraft's command grammar are
   also matched anywhere in the reply. A reply without an action is answered locally (no request), invalid.
 - Every failure is an exception (EnvServerError): non-200 status, an "error" key, a malformed reply (a missing
-  or mistyped field, a reward or score that is not a finite number), a connection error, a timeout. The env
-  pool turns it into `env_error` and replaces the env; nothing becomes a zero reward.
+  or mistyped field, a reward or score that is not a finite number), a reply over `max_reply_bytes` (refused
+  while it is read, never held whole), a connection error, a timeout. The env pool turns it into `env_error`
+  and replaces the env; nothing becomes a zero reward.
 - `valid_action` is the server's own flag when it sends one (ours does); else the verdict its reply text
   gives for the task (verdicts.py: BabyAI's and TextCraft's known texts); else None, unknown: such a turn
   earns no format reward and is not counted in the valid-action fraction.
@@ -41,6 +42,9 @@ from environments.agentgym_http.verdicts import action_validity
 from environments.parsing import NONE, Parsed, last_named, parse_reply, strict_rest
 
 LINE_RULE_TASKS = ("babyai", "textcraft")
+# The largest reply the client reads: AgentGym's observations are a few KiB of text; past this a reply is
+# refused (EnvServerError naming the cap) instead of held whole in memory.
+MAX_REPLY_BYTES = 8 << 20
 
 
 def _instruction(task: str) -> str:
@@ -76,9 +80,11 @@ class ServerObservation:
 class AgentGymHTTPEnv(Env):
     family = "agentgym_http"
 
-    def __init__(self, url: str, task: str, timeout_s: float = 60.0, parse_mode: str = "strict"):
+    def __init__(self, url: str, task: str, timeout_s: float = 60.0, parse_mode: str = "strict",
+                 max_reply_bytes: int = MAX_REPLY_BYTES):
         if not url:
             raise ValueError("env.agentgym_http.url: give the base URL of the AgentGym env server")
+        self.max_reply_bytes = max_reply_bytes
         self.url = url.rstrip("/")
         self.task = task
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -96,19 +102,34 @@ class AgentGymHTTPEnv(Env):
         where = f"{method} {self.url}{path}"
         try:
             async with self._session.request(method, self.url + path, json=payload, params=params) as resp:
-                body = await resp.text()
                 status = resp.status
+                raw = await self._read_capped(resp, where)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EnvServerError(f"{where}: {type(exc).__name__}: {exc}") from exc
         if status != 200:
-            raise EnvServerError(f"{where}: HTTP {status}: {body[:300]}")
+            raise EnvServerError(f"{where}: HTTP {status}: {raw[:300].decode('utf-8', 'replace')}")
         try:
-            data = json.loads(body)
-        except ValueError:
-            raise EnvServerError(f"{where}: reply is not JSON: {body[:200]!r}") from None
+            data = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError is a ValueError too
+            raise EnvServerError(f"{where}: reply is not UTF-8 JSON: {raw[:200]!r}") from None
         if isinstance(data, dict) and "error" in data:
             raise EnvServerError(f"{where}: server error: {data['error']}")
         return data
+
+    async def _read_capped(self, resp: aiohttp.ClientResponse, where: str) -> bytes:
+        """The reply's body, refused once it passes `max_reply_bytes` (by its declared length before reading,
+        else while reading), so a server cannot make the client hold more than that."""
+        cap = self.max_reply_bytes
+        if resp.content_length is not None and resp.content_length > cap:
+            raise EnvServerError(f"{where}: reply of {resp.content_length} bytes is over the client's cap of "
+                                 f"{cap} bytes (max_reply_bytes)")
+        parts, size = [], 0
+        async for part in resp.content.iter_chunked(1 << 16):
+            size += len(part)
+            if size > cap:
+                raise EnvServerError(f"{where}: reply is over the client's cap of {cap} bytes (max_reply_bytes)")
+            parts.append(part)
+        return b"".join(parts)
 
     # -- Env ----------------------------------------------------------------------------------------------
     async def reset(self, item_id: str) -> Observation:

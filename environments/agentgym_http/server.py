@@ -7,7 +7,8 @@ What must hold:
   "Action:\n<action>" (a text that already holds "Action:" is passed unchanged), so the env's own parser and
   explanations apply.
 - Errors are HTTP 4xx for the client's faults (400: unknown id, step before reset, a body that is not UTF-8
-  or not a JSON object, nested past `MAX_JSON_DEPTH`, numbers out of range; 413: a body over
+  or not a JSON object, nested past `MAX_JSON_DEPTH`, numbers out of range, an id that is neither an integer
+  nor a string of at most `MAX_ID_DIGITS` ASCII digits; 413: a body over
   `MAX_BODY_BYTES`; 429: `max_envs` envs already open) and 500 only when the env itself raised, always with
   {"error": ...}: clients of the reference assert status 200, so they fail loudly too.
 - At most `max_envs` envs exist at once (each SciWorld env is a JVM): `/create` past that is refused.
@@ -34,6 +35,7 @@ log = logging.getLogger("agentgym.env_server")
 MAX_BODY_BYTES = 1 << 20
 MAX_JSON_DEPTH = 32
 MAX_INDEX = (1 << 31) - 1
+MAX_ID_DIGITS = 18  # an id given as a string: ASCII digits, at most this many
 
 
 class BadRequest(Exception):
@@ -129,10 +131,12 @@ class EnvServer:
         return body
 
     def _id(self, value: Any) -> int:
-        if isinstance(value, str) and value.isdigit() and len(value) <= 18:
+        # ASCII digits only: str.isdigit and int() also take other scripts' digits ("١" is 1 to int) and
+        # superscripts ("²" passes isdigit, then int() raises), so neither may decide what an id is.
+        if isinstance(value, str) and 0 < len(value) <= MAX_ID_DIGITS and value.isascii() and value.isdigit():
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise BadRequest(f"id {value!r:.40} is not an integer")
+            raise BadRequest(f"id {value!r:.40} is not an integer (ASCII digits, at most {MAX_ID_DIGITS})")
         env_id = value
         if env_id not in self._envs:
             raise BadRequest(f"The id {env_id} is not valid.")
