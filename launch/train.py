@@ -13,8 +13,10 @@ from launch.cli import parse
 def main(argv: list[str] | None = None) -> int:
     cfg, _ = parse(argv, "launch.train", __doc__.splitlines()[0])
     from environments.preflight import preflight
+    from launch.stack_check import stack_problems
 
-    problems = preflight(cfg.env, [cfg.env.train_split] + ([cfg.eval.split] if cfg.eval.at_end else []))
+    problems = stack_problems(cfg)  # attention kernel, compile mode, dtype against what is installed here
+    problems += preflight(cfg.env, [cfg.env.train_split] + ([cfg.eval.split] if cfg.eval.at_end else []))
     if problems:
         print("launch.train: this config cannot run here:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
