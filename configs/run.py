@@ -73,6 +73,9 @@ class TransportConfig:
     """Largest chunk of the weights channel (small chunks keep the receiver's buffers recycled)."""
     weights_ack_timeout_s: float = spec(300.0, gt=0)
     """How long the learner waits for every generator to acknowledge a weight version."""
+    weights_bucket_mb: int = spec(512, ge=1, le=1024)
+    """With weights_sync=collective: the largest bucket a version moves in (a larger tensor fills one alone).
+    Rank 0 and each replica's workers hold two such buffers while a version moves, never the whole version."""
     weights_stall_timeout_s: float = spec(60.0, gt=0)
     """A generator that takes no chunk of a weight version for this long is skipped for that version (named in
     the log and in transport/weights_stalled), so that it cannot hold up the others."""
@@ -145,6 +148,15 @@ class LoggingConfig:
     `--verbose` on the command line sets it."""
     log_every: int = spec(1, ge=1)
     """Log metrics every this many steps."""
+    episodes_every: int = spec(5, ge=0)
+    """Keep a sample of the trained episodes' transcripts (each turn's observation, reply, parsed action and
+    reward, and how the episode ended; decoded from the tokens for reading only) every this many steps, in
+    `<output_dir>/episodes.jsonl` and, with wandb on, as the table `episodes` (0: none)."""
+    episodes_per_sample: int = spec(4, ge=0)
+    """Episodes in each sample (failures and successes alternating)."""
+    episodes_max_mb: float = spec(16.0, ge=0)
+    """Cap on `episodes.jsonl` of a training run; once reached no more samples are kept (the metric
+    `episodes/skipped` counts them)."""
 
 
 @dataclass

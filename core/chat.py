@@ -66,3 +66,13 @@ class ChatFormat:
     def user_turn(self, text: str) -> list[int]:
         """Ids of a user turn holding `text`, followed by the next generation prompt."""
         return self.encode(self._user_prefix + text + self._user_suffix)
+
+    def user_content(self, decoded: str) -> str:
+        """The content of the last user turn in `decoded` (text decoded with its special tokens: a closing, a
+        user turn and the generation prompt), without the template's markup; `decoded` stripped when the
+        template's pieces are not in it. For transcripts people read (core/transcript.py)."""
+        at = decoded.rfind(self._user_prefix) if self._user_prefix else -1
+        if at < 0:
+            return decoded.strip()
+        body = decoded[at + len(self._user_prefix):]
+        return body[: -len(self._user_suffix)] if self._user_suffix and body.endswith(self._user_suffix) else body

@@ -2,7 +2,7 @@
 
 A record is one multipart message:
   frame 0: msgpack header {"schema", "kind": "trajectory", ids, horizon, termination, turn arrays, metrics,
-           "arrays": [[name, dtype, length], ...]}
+           "turn_actions": [str, ...], "arrays": [[name, dtype, length], ...]}
   frames 1..4: the raw little-endian bytes of tokens, loss_mask, logprobs, versions (in that order).
 
 Nothing is pickled. Decoding checks the schema version, every field's type, the frame count and sizes, and
@@ -26,7 +26,7 @@ from core.trajectory import (
     WireError,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: turn_actions
 KIND = "trajectory"
 ARRAY_FIELDS: tuple[tuple[str, np.dtype], ...] = (
     ("tokens", TOKEN_DTYPE),
@@ -36,7 +36,7 @@ ARRAY_FIELDS: tuple[tuple[str, np.dtype], ...] = (
 )
 _HEADER_KEYS = {
     "schema", "kind", "trajectory_id", "group_id", "item_id", "env", "sample_index", "horizon",
-    "termination", "turn_ends", "turn_rewards", "metrics", "arrays",
+    "termination", "turn_ends", "turn_rewards", "metrics", "turn_actions", "arrays",
 }
 
 
@@ -72,6 +72,7 @@ def encode(traj: Trajectory) -> list[bytes | memoryview]:
         "turn_ends": np.ascontiguousarray(traj.turn_ends, TOKEN_DTYPE).tobytes(),
         "turn_rewards": np.ascontiguousarray(traj.turn_rewards, LOGPROB_DTYPE).tobytes(),
         "metrics": {k: float(v) for k, v in traj.metrics.items()},
+        "turn_actions": list(traj.turn_actions),
         "arrays": [[name, dtype.str, int(getattr(traj, name).shape[0])] for name, dtype in ARRAY_FIELDS],
     }
     frames: list[bytes | memoryview] = [msgpack.packb(header, use_bin_type=True)]
@@ -182,6 +183,7 @@ def _decode(frames: Sequence[bytes | memoryview], limits: WireLimits) -> Traject
         turn_rewards=_array_from_bytes(
             "turn_rewards", _get(header, "turn_rewards", bytes), LOGPROB_DTYPE, limits.max_turns),
         metrics=_get(header, "metrics", dict),
+        turn_actions=_get(header, "turn_actions", list),
         **arrays,
     )
     traj.validate(max_tokens=limits.max_tokens, max_turns=limits.max_turns, vocab_size=limits.vocab_size,

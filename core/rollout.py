@@ -30,7 +30,7 @@ from core.chat import ChatFormat
 from core.env import Env
 from core.policy import END_SESSION, GenerationRequest, Policy, PolicyLost
 from core.trajectory import (
-    LOGPROB_DTYPE, MASK_DTYPE, NO_VERSION, TOKEN_DTYPE, VERSION_DTYPE, Termination, Trajectory,
+    LOGPROB_DTYPE, MASK_DTYPE, MAX_ACTION_CHARS, NO_VERSION, TOKEN_DTYPE, VERSION_DTYPE, Termination, Trajectory,
 )
 
 log = logging.getLogger("agentgym.rollout")
@@ -88,6 +88,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     b = _Builder()
     turn_ends: list[int] = []
     turn_rewards: list[float] = []
+    turn_actions: list[str] = []  # what the env parsed from each reply, for transcripts (never trained on)
     metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "judged_turns": 0.0,
                "success": 0.0, "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
     termination = Termination.HORIZON
@@ -134,11 +135,13 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             except asyncio.TimeoutError:
                 termination = Termination.ENV_TIMEOUT
                 turn_rewards.append(0.0)
+                turn_actions.append("")
                 break
             except Exception as exc:
                 log.warning("episode %s: env %s raised in step: %r", spec.trajectory_id, env.family, exc)
                 termination = Termination.ENV_ERROR
                 turn_rewards.append(0.0)
+                turn_actions.append("")
                 break
             finally:
                 metrics["env_seconds"] += time.monotonic() - t0
@@ -146,6 +149,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             clean = limits.format_reward_on == "valid" or step.parse_rule in ("strict", "exact")
             shaped = limits.format_reward if valid is True and clean else 0.0
             turn_rewards.append(float(step.reward) + shaped)
+            action = step.info.get("action") if isinstance(step.info, dict) else None
+            turn_actions.append(action[:MAX_ACTION_CHARS] if isinstance(action, str) else "")
             metrics["env_reward"] += float(step.reward)
             metrics["format_reward"] += shaped
             metrics["valid_actions"] += float(valid is True)
@@ -180,7 +185,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
         tokens=np.asarray(b.tokens, TOKEN_DTYPE), loss_mask=np.asarray(b.mask, MASK_DTYPE),
         logprobs=np.asarray(b.logprobs, LOGPROB_DTYPE), versions=np.asarray(b.versions, VERSION_DTYPE),
         turn_ends=np.asarray(turn_ends, TOKEN_DTYPE), turn_rewards=np.asarray(turn_rewards, LOGPROB_DTYPE),
-        metrics=metrics,
+        metrics=metrics, turn_actions=turn_actions,
     )
 
 

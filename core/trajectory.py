@@ -10,6 +10,9 @@ Invariants (checked by `Trajectory.validate`, which the decoder always calls):
 - A non-zero `turn_rewards[k]` has a sampled token before `turn_ends[k]` (the action it is credited to);
   rewards are finite and bounded; token ids lie in the model's vocabulary when the decoder knows its size.
 - Tokens are append-only over an episode: the learner trains on exactly these ids and never re-tokenizes text.
+- `turn_actions[k]` is the action the env took from the k-th reply ("" when it found none), at most
+  MAX_ACTION_CHARS characters; the list is empty (not recorded) or has one entry per turn. It is for people
+  reading transcripts only: nothing trains on it.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ MASK_DTYPE = np.dtype("u1")
 LOGPROB_DTYPE = np.dtype("<f4")
 VERSION_DTYPE = np.dtype("<i4")
 NO_VERSION = -1
+MAX_ACTION_CHARS = 256  # a parsed action longer than this is cut (an action is a short phrase)
 
 
 def _check_array(name: str, arr: object, dtype: np.dtype, length: int | None) -> None:
@@ -76,6 +80,7 @@ class Trajectory:
     termination: Termination
     sample_index: int = 0  # index of this sample within its group
     metrics: dict[str, float] = field(default_factory=dict)
+    turn_actions: list[str] = field(default_factory=list)  # [K] the action the env parsed, "" for none; or []
 
     @property
     def num_tokens(self) -> int:
@@ -161,6 +166,14 @@ class Trajectory:
                 if first_sampled >= ends[rewarded[0]]:
                     raise WireError("turn_rewards", f"turn {int(rewarded[0])} carries a reward but no sampled "
                                                     "token precedes its end")
+        actions = self.turn_actions
+        if not isinstance(actions, list) or len(actions) not in (0, k):
+            raise WireError("turn_actions", f"expected a list of 0 or {k} entries, got "
+                                            f"{len(actions) if isinstance(actions, list) else type(actions).__name__}")
+        for action in actions:
+            if not isinstance(action, str) or len(action) > MAX_ACTION_CHARS:
+                raise WireError("turn_actions", f"expected strings of at most {MAX_ACTION_CHARS} chars, got "
+                                                f"{action!r:.80}")
         if not isinstance(self.metrics, dict) or len(self.metrics) > 256:
             raise WireError("metrics", "expected a dict of at most 256 entries")
         for key, value in self.metrics.items():

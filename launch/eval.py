@@ -8,7 +8,8 @@ lists); families whose observations list no actions are refused. With `--policy 
 also has, on the same items, the untrained model (`--baseline-model`, by default the base model of the training
 run the checkpoint comes from; without either the row is left out with a note) and the random policy, unless
 eval.baselines=false. `--items unseen` evaluates unseen seeds of the training levels (eval.item_set).
-Writes eval_report.json and eval_report.md to `--out` and prints a short summary.
+Writes eval_report.json and eval_report.md to `--out` and prints a short summary; every episode's transcript
+(each turn's observation, reply, parsed action and reward, and how it ended) goes to `--out`/episodes.jsonl.
 """
 from __future__ import annotations
 
@@ -189,7 +190,8 @@ def evaluate_model(cfg: Any, args: argparse.Namespace, out: Path, skipped: dict[
                       untrained_name=base, notes=notes)
 
     def untrained_rows(roles: EvalRoles) -> Any:
-        return evaluate_rows(cfg, roles.policy, str(roles.model_dir), out, list(cfg.eval.envs), eval_limits(cfg))
+        return evaluate_rows(cfg, roles.policy, str(roles.model_dir), out, list(cfg.eval.envs), eval_limits(cfg),
+                             row="untrained")
 
     if not base:
         _with_generators(cfg, cfg.model.path, out, trained)

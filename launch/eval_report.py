@@ -11,7 +11,8 @@ docs/training.md):
   on success; SciWorld: max(final score, 0) / 100; the others: 0 or 1). No format reward is ever added here.
 - raw_score: the env's native figure where it has one (SciWorld's final score, -100 to 100), else the score.
 - turns: agent turns taken. Terminations: why episodes ended (done, horizon, context_limit, env failures).
-With k samples per item, every sample counts as one episode; pass@k is the fraction of items with a success.
+Per level, one success and one failure are shown as short transcripts (launch/episodes.py); every episode is
+in episodes.jsonl beside the report. With k samples per item, every sample counts as one episode; pass@k is the fraction of items with a success.
 """
 from __future__ import annotations
 
@@ -87,6 +88,26 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _example_lines(by_family: dict[str, dict[str, dict]]) -> list[str]:
+    """Per family and level, one success and one failure of the model (else of the first row with episodes
+    kept), from the `examples` evaluate_rows attached; every episode is in episodes.jsonl beside the report."""
+    lines = []
+    for family, rows in by_family.items():
+        name = next((n for n in rows if rows[n].get("examples")), None)
+        if name is None:
+            continue
+        lines += ["", f"## {family}: one success and one failure per level ({name})", "",
+                  "Transcripts cut short here; every episode of every row is in `episodes.jsonl` beside this report."]
+        for label, kinds in rows[name]["examples"].items():
+            lines += ["", f"### {label}"]
+            for kind in ("success", "failure"):
+                text = kinds.get(kind)
+                lines += ["", f"A {kind}:" if text else f"A {kind}: none among its episodes."]
+                if text:
+                    lines += ["", "```text", text, "```"]
+    return lines
+
+
 def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "eval_report.json"
@@ -119,6 +140,7 @@ def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
                 ends = ", ".join(f"{k} {v}" for k, v in sorted(r["terminations"].items()))
                 lines.append(f"| {label} | {name} | {r['episodes']} | {_with_ci(r, 'success_rate')} | "
                              f"{_with_ci(r, 'score')} | {r['turns']:.1f} | {ends} |")
+    lines += _example_lines(by_family)
     for note in report.get("notes", []):
         lines.append(f"\nNote: {note}.")
     for family, reason in report.get("skipped", {}).items():

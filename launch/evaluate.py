@@ -21,6 +21,7 @@ from core.transport import TrajectoryReceiver
 from environments.item_sampler import family_items
 from environments.registry import get_family
 from environments.unseen import unseen_items
+from launch.episodes import records_of, report_examples, write_eval_episodes
 from launch.eval_report import summarize, summary, write_report
 
 log = logging.getLogger("agentgym.eval")
@@ -95,8 +96,10 @@ async def run_specs(pools: Any, receiver: TrajectoryReceiver, specs: list[Episod
 
 
 def evaluate_rows(cfg: RootConfig, policy: Any, tokenizer_dir: str, out_dir: Path, families: list[str],
-                  limits: EpisodeLimits, name: str = "eval-pool") -> list[dict]:
-    """Each family's figures for `policy` on the eval items, run on fresh env pools."""
+                  limits: EpisodeLimits, name: str = "eval-pool", row: str = "model") -> list[dict]:
+    """Each family's figures for `policy` on the eval items, run on fresh env pools. Its episodes go to
+    `<out_dir>/episodes.jsonl` as the report's row `row` (launch/episodes.py), and each family's figures carry
+    one success and one failure per level (`examples`) for the report."""
     from launch.pools import PoolSupervisor
 
     receiver = TrajectoryReceiver(cfg.transport.host, 0, cfg.transport.hwm, same_node=cfg.transport.same_node)
@@ -109,9 +112,13 @@ def evaluate_rows(cfg: RootConfig, policy: Any, tokenizer_dir: str, out_dir: Pat
         async def every_family() -> list[dict]:  # one event loop for all: the supervisor's calls live on it
             results = []
             for family in families:
-                trajs, lost = await run_specs(pools, receiver, eval_specs(cfg, family),
-                                              progress=cfg.logging.progress_bar)
+                specs = eval_specs(cfg, family)
+                trajs, lost = await run_specs(pools, receiver, specs, progress=cfg.logging.progress_bar)
                 results.append(summarize(family, trajs, lost=len(lost)))
+                if specs:
+                    records = records_of(trajs, tokenizer_dir, row)
+                    write_eval_episodes(out_dir, records, row, family, specs[0].horizon)
+                    results[-1]["examples"] = report_examples(records)
             return results
 
         results = asyncio.run(every_family())
@@ -131,7 +138,7 @@ def random_rows(cfg: RootConfig, tokenizer_dir: str, out_dir: Path) -> tuple[lis
         return [], notes
     policy = RandomPolicy(tokenizer_dir, cfg.env, seed=cfg.trainer.seed)
     return evaluate_rows(cfg, policy, tokenizer_dir, out_dir, families, eval_limits(cfg, random_policy=True),
-                         name="eval-random-pool"), notes
+                         name="eval-random-pool", row="random"), notes
 
 
 RANDOM_DESCRIPTION = "a uniform choice among the actions the env lists, seeded by item, sample and turn"

@@ -20,6 +20,7 @@ from core.rollout import EpisodeLimits
 from core.staleness import StalenessGate
 from core.transport import TrajectoryReceiver
 from environments.item_sampler import mix_sampler
+from launch.episodes import EPISODES_FILE, TrainingEpisodes
 from launch.evaluate import eval_turns
 from launch.progress import Progress
 from launch.pools import pool_names
@@ -79,7 +80,7 @@ class TrainingSession:
         self.sampler = mix_sampler(cfg.env, cfg.env.train_split, seed=cfg.trainer.seed)
         if sampler_state is not None:
             self.sampler.load_state_dict(sampler_state)
-        for name in ("metrics.jsonl", "trained.jsonl", "groups.jsonl"):
+        for name in ("metrics.jsonl", "trained.jsonl", "groups.jsonl", EPISODES_FILE):
             _truncate_jsonl(out / name, self.state.step)
         self.roles: Roles | None = None
         self.coordinator: Coordinator | None = None
@@ -113,6 +114,8 @@ class TrainingSession:
         self.metrics = JsonlSink(self.out / "metrics.jsonl")
         self.wandb = run_sink(cfg, self.out, self.state.wandb_run_id)
         self.state.wandb_run_id = getattr(self.wandb, "run_id", "")
+        self.episodes = TrainingEpisodes(self.out / EPISODES_FILE, str(model_dir), cfg.logging.episodes_every,
+                                         cfg.logging.episodes_per_sample, cfg.logging.episodes_max_mb, self.wandb)
         self.trained_log = open(self.out / "trained.jsonl", "a")
         self.groups_log = open(self.out / "groups.jsonl", "a")
         self.progress = Progress(cfg.trainer.total_steps, self.state.step, enabled=cfg.logging.progress_bar,
@@ -157,7 +160,7 @@ class TrainingSession:
 
         log.info("evaluating the base model before the first step (eval.baselines), for the final report")
         rows = evaluate_rows(cfg, self.roles.policy, str(self.roles.model_dir), self.out / "eval",
-                             list(cfg.eval.envs), eval_limits(cfg), name="eval-base-pool")
+                             list(cfg.eval.envs), eval_limits(cfg), name="eval-base-pool", row="untrained")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, {"model": cfg.model.path, "rows": rows, "measured_on": measured_on})
         return rows, []
@@ -232,6 +235,7 @@ class TrainingSession:
         metrics["rollout/horizon_stage"] = float(self.schedule.stage_at(step))
         if step % self.cfg.logging.log_every == 0 or step == self.cfg.trainer.total_steps:
             metrics.update(self.roles.stats())
+        metrics.update(self.episodes.keep(step, [t for g in batch for t in g.samples]))
         self.metrics.log(step, metrics)
         if self.wandb is not None:
             self.wandb.log(step, metrics)

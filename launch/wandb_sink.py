@@ -44,6 +44,13 @@ class WandbSink:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
 
+    def log_episodes(self, step: int, records: list[dict]) -> None:
+        """A sample of transcripts (launch/episodes.py) as the table `episodes` at `step`."""
+        from launch.episodes import table_rows
+
+        columns, rows = table_rows(records)
+        self.run.log({"episodes": self._wandb.Table(columns=columns, data=rows)}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
