@@ -101,6 +101,34 @@ command -v "$PY" >/dev/null || PY=python3
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || {
   echo "install.sh: Python 3.11 is required (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2; exit 2; }
 
+# Triton (torch.compile and CUDA graphs in vLLM, the recipes' generator.enforce_eager=false) builds a small C
+# launcher when a run starts: it needs a C compiler ($CC, else gcc, else clang, as triton/runtime/build.py looks)
+# and this Python's headers (Python.h). Checked here and named with what to install, not installed: without
+# them launch.train refuses enforce_eager=false at start (launch/stack_check.py), and enforce_eager=true runs.
+check_build_tools() {
+  local cc=${CC:-} inc missing=()
+  if [ -n "$cc" ]; then
+    command -v "$cc" >/dev/null || { missing+=("a C compiler (CC=$cc is not an executable)"); cc=""; }
+  else
+    cc=$(command -v gcc || command -v clang || true)
+    [ -n "$cc" ] || missing+=("a C compiler (gcc or clang)")
+  fi
+  inc=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
+  [ -f "$inc/Python.h" ] || missing+=("the Python headers (no Python.h in ${inc:-the include folder of $PY})")
+  [ "$DRY_RUN" = 1 ] && echo "install.sh: (the Triton check: a C compiler and Python.h for $PY; nothing is installed)"
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "install.sh: C compiler $cc and Python headers $inc/Python.h: ok (Triton builds its launcher with them)"
+  else
+    local list
+    list=$(printf '%s and ' "${missing[@]}"); list=${list% and }
+    echo "install.sh: warning: Triton needs $list at run time, for generator.enforce_eager=false" \
+         "(the recipes' CUDA graphs and torch.compile). Install them (Debian/Ubuntu, as root: apt-get install -y" \
+         "gcc python3.11-dev), or run with generator.enforce_eager=true; launch.train refuses the other" \
+         "setting until then." >&2
+  fi
+}
+[ "$FLAVOR" = gpu ] && check_build_tools
+
 # apt_install PACKAGE WHY: installs a Debian package with apt (as root), or prints it under --dry-run; a failure
 # is a warning naming what will not work, since every other part still does.
 apt_install() {

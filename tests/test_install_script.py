@@ -210,3 +210,34 @@ def test_dry_run_writes_nothing_even_beside_an_existing_venv(tmp_path, flags):
     result = install(*flags, venv=venv)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in venv.rglob("*")) == before
+
+
+def test_gpu_dry_run_checks_triton_build_tools_and_says_what_to_install(tmp_path):
+    """Triton builds its launcher with a C compiler and Python.h at run time: --gpu checks both (this machine
+    has them), and names what is missing: a CC that is not there, and a Python without headers (a wrapper
+    whose sysconfig points at an empty include folder stands in for one, via sitecustomize)."""
+    venv = tmp_path / "venv"
+    result = install("--gpu", "--dry-run", venv=venv)
+    assert "(the Triton check: a C compiler and Python.h" in result.stdout
+    if shutil.which("gcc") or shutil.which("clang"):
+        assert re.search(r"C compiler \S+ and Python headers \S+/Python\.h: ok", result.stdout), result.stdout
+    env = dict(os.environ, AGENTGYM_VENV=str(venv), PIP_NO_INDEX="1", CC=str(tmp_path / "no-cc"))
+    no_cc = subprocess.run(["/bin/bash", str(SCRIPT), "--gpu", "--dry-run"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert "warning: Triton needs a C compiler (CC=" in no_cc.stderr and "apt-get install -y gcc" in no_cc.stderr
+    assert "generator.enforce_eager=true" in no_cc.stderr
+    site = tmp_path / "site"
+    site.mkdir()
+    (tmp_path / "empty-include").mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sysconfig\n_real = sysconfig.get_paths\n"
+        f"def get_paths(*a, **k):\n    p = dict(_real(*a, **k)); p['include'] = {str(tmp_path / 'empty-include')!r}"
+        "\n    return p\nsysconfig.get_paths = get_paths\n")
+    env = dict(os.environ, AGENTGYM_VENV=str(venv), PIP_NO_INDEX="1", PYTHONPATH=str(site),
+               PYTHON=sys.executable)
+    no_headers = subprocess.run(["/bin/bash", str(SCRIPT), "--gpu", "--dry-run"], capture_output=True, text=True,
+                                env=env, timeout=120)
+    assert "warning: Triton needs the Python headers (no Python.h in" in no_headers.stderr, no_headers.stderr
+    assert "python3.11-dev" in no_headers.stderr
+    cpu = install("--dry-run", venv=venv)
+    assert "Triton" not in cpu.stdout + cpu.stderr  # a CPU install does not run it
