@@ -4,9 +4,13 @@ launch treat both alike.
 
 What must hold:
 - The group forms in `wait_for_peers` (it blocks until every member has joined); publishing before that raises.
-- `publish` announces a version's names and shapes, then sends the data: CUDA IPC when every worker reported
-  that it sees rank 0's GPU (actors.weights_ipc), one broadcast per tensor otherwise. It returns once the data
-  has left (a broadcast returns when every member took its part); acks say the engines loaded it.
+- `publish` announces a version's names, shapes and bucket plan, then sends the data in buckets of at most
+  `bucket_bytes` (actors.collective_buckets): CUDA IPC when every worker reported that it sees rank 0's GPU
+  (actors.weights_ipc), one broadcast per bucket otherwise. It returns only once every bucket has completed on
+  the host (under NCCL too, where a Work's wait alone does not block the host); acks say the engines loaded it.
+- A member that dies or stalls mid-version fails `publish` within `timeout_s` (the channel's ack timeout) with
+  WeightsGroupError naming the version and bucket; the group is aborted then, never left to NCCL's watchdog,
+  and every later `publish` raises that error at once.
 - Acks come from the replicas named at start; an ack that does not decode counts as a refusal, with its reason.
 """
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Iterable
 import msgpack
 import torch
 
-from actors.weights_collective import Announcement, Group, tensor_bytes, to_wire, torch_dtype
+from actors.collective_buckets import plan, send_version
+from actors.weights_collective import Announcement, Group, WeightsGroupError, tensor_bytes, torch_dtype
 from actors.zero_engine import full_weight_layout, iter_full_weights
 from core.transport import DropLog
 
@@ -28,9 +33,12 @@ log = logging.getLogger("agentgym.weights")
 
 class CollectivePublisher:
     def __init__(self, host: str, port: int, replicas: list[str], workers_per_replica: int, device: torch.device,
-                 dtype: str, timeout_s: float = 300.0, allow_ipc: bool = True):
+                 dtype: str, timeout_s: float = 300.0, allow_ipc: bool = True, bucket_bytes: int = 512 << 20):
         """`replicas`: the names whose acks count; the group has 1 + len(replicas) * workers_per_replica ranks.
-        `dtype`: the engines' dtype, sent on the wire."""
+        `dtype`: the engines' dtype, sent on the wire. `bucket_bytes`: the largest bucket a version is sent in
+        (each member holds at most two)."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind((host, port))
@@ -40,7 +48,8 @@ class CollectivePublisher:
         self.replicas = list(replicas)
         self.world_size = 1 + len(replicas) * workers_per_replica
         self.device, self.dtype, self.timeout_s = device, dtype, timeout_s
-        self.allow_ipc = allow_ipc
+        self.allow_ipc, self.bucket_bytes = allow_ipc, bucket_bytes
+        self.peak_buffer_bytes = 0  # the most bytes of send buffers held at once, over every version
         self.group: Group | None = None
         self.mode = "broadcast"
         self.peers: dict[str, str] = {}
@@ -81,27 +90,26 @@ class CollectivePublisher:
         gather yields each parameter only while it is gathered)."""
         if self.group is None:
             raise RuntimeError("the weights group is not formed yet (wait_for_peers)")
+        if self.group.failed:
+            for _ in tensors:  # the other learner ranks gather alongside rank 0 (ZeRO-3)
+                pass
+            raise WeightsGroupError(f"weights version {version} not sent: the group failed before: "
+                                    f"{self.group.failed}")
         wire = torch_dtype(self.dtype)
-        buckets = []
-        if self.mode == "ipc":
-            from actors.weights_ipc import plan
-
-            buckets = plan(specs, wire)
-        ann = Announcement(version, self.seq, self.dtype, self.mode, list(specs), list(aliases), buckets)
+        specs = [(name, tuple(shape)) for name, shape in specs]
+        ann = Announcement(version, self.seq, self.dtype, self.mode, specs, list(aliases),
+                           plan(specs, wire, self.bucket_bytes), self.bucket_bytes)
         self.seq_of[version] = self.seq
         self.seq += 1
         self.published = max(self.published, version)
         self.group.store.set(f"announce/{ann.seq}", ann.pack())
         if self.mode == "ipc":
             self._exporter.send(self.group, ann, tensors)
+            self.peak_buffer_bytes = max(self.peak_buffer_bytes, self._exporter.staging.numel()
+                                         if self._exporter.staging is not None else 0)
         else:
-            it = iter(tensors)
-            for name, shape in specs:
-                t = next(it, None)
-                if t is None or tuple(t.shape) != tuple(shape):
-                    raise ValueError(f"version {version}: {name} announced with shape {shape}, got "
-                                     f"{None if t is None else tuple(t.shape)}")
-                self.group.broadcast(to_wire(t, wire, self.device))
+            buffers = send_version(self.group, ann, tensors, self.device)
+            self.peak_buffer_bytes = max(self.peak_buffer_bytes, buffers.peak)
         return sum(tensor_bytes(shape, wire) for _, shape in specs)
 
     def wait_acks(self, version: int, timeout_s: float, excused: Iterable[str] = ()) -> dict[str, tuple[bool, str]]:

@@ -85,6 +85,8 @@ class CollectiveWeights:
                 except Exception as exc:  # reported to the learner through the ack
                     log.error("%s: weights announcement %d refused: %s", self.name, seq, exc)
                     sub.ack(seq, False, f"{type(exc).__name__}: {exc}")
+                    if "WeightsGroupError" in f"{type(exc).__name__}: {exc}":  # the group cannot carry another
+                        self._weights_error = f"{self.name}: the weights group failed: {exc}"[:2000]
         except BaseException as exc:  # a broken group is not survivable here: health() reports it
             self._weights_error = f"{self.name}: the weights group thread died: {type(exc).__name__}: {exc}"
             log.critical(self._weights_error)

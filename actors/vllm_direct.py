@@ -43,12 +43,16 @@ class DirectLoader:
         self.calls: dict[str, list[tuple]] | None = None  # checkpoint name -> [(param, loader, args, kwargs)]
         self.processed: list = []  # modules re-processed after each version
 
-    def load(self, weights: list[tuple[str, object]]) -> int:
-        """Load one complete version; returns the number of tensors. The first call records, later ones replay."""
+    def load(self, weights, names: list[str] | None = None) -> int:
+        """Load one complete version; returns the number of tensors. The first call records, later ones replay.
+        `weights`: a list of (name, tensor), or an iterator read once (a streamed version) with its `names`.
+        A replay copies each tensor into place before taking the next, so the tensors may be views of a buffer
+        that is refilled later (actors.collective_buckets)."""
         import torch
 
+        names = [name for name, _ in weights] if names is None else names
         if self.calls is not None:  # checked before anything is touched
-            unknown = [name for name, _ in weights if name not in self.calls]
+            unknown = [name for name in names if name not in self.calls]
             if unknown:
                 raise KeyError(f"{unknown[0]} is not a tensor of the first version ({len(unknown)} unknown)")
         with torch.no_grad():
@@ -60,11 +64,11 @@ class DirectLoader:
             finally:  # even after a failure: a kept parameter must not stay on its layer unprocessed
                 for module in self.processed:
                     module.quant_method.process_weights_after_loading(module)
-        return len(weights)
+        return len(names)
 
     # -- the first version --------------------------------------------------------------------------------------
 
-    def _record(self, weights: list[tuple[str, object]]) -> None:
+    def _record(self, weights) -> None:
         self.kept = model_format_parameters(self.model)
         self._install_kept()
         calls: dict[str, list[tuple]] = {}
@@ -114,7 +118,7 @@ class DirectLoader:
 
     # -- every later version ------------------------------------------------------------------------------------
 
-    def _replay(self, weights: list[tuple[str, object]]) -> None:
+    def _replay(self, weights) -> None:
         assert self.calls is not None
         self._install_kept()
         for name, tensor in weights:

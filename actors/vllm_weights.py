@@ -16,8 +16,11 @@ What must hold:
   must end up owning copies: a parameter that still points into the file would change under the next
   version's write, so that is checked and refused.
 - `agentgym_join_weights_group` / `agentgym_receive_weights` are the worker's end of the collective weight path
-  (actors.weights_collective): the worker joins the weights group once, then receives each announced version
-  by broadcast (or CUDA IPC) into tensors of the engine's dtype and loads them the same way (direct or reload).
+  (actors.weights_collective): the worker joins the weights group once, then loads each announced version as it
+  streams in, bucket by bucket (actors.collective_buckets), never holding all of it: a replaying DirectLoader
+  copies each tensor into place from the receive buffer; vLLM's reload and the first (recording) load keep what
+  they are given for a while, so they are given copies. A version whose load fails is still received to its
+  end (the group's other members wait on every bucket), then refused.
 - Checkpoint names and shapes are what a learner sends (q_proj, k_proj, ... as in the Hugging Face
   checkpoint, not vLLM's fused qkv_proj). For tied embeddings vLLM keeps a separate output layer that a
   reload without `lm_head.weight` leaves stale (measured: logprobs off by 0.6 while embeddings moved), so the
@@ -74,7 +77,10 @@ class WeightLoadExtension:
         loader = getattr(self, "_agentgym_direct", None)
         return "none" if loader is None else ("direct" if loader and loader.calls is not None else "reload")
 
-    def _agentgym_load(self, weights: list, direct: bool) -> None:
+    def _agentgym_load(self, weights, direct: bool, names: list[str] | None = None) -> None:
+        """Load `weights` (a list, or with `names` an iterator that can be read only once, such as a streamed
+        version: a record that turns out unsupported then cannot be loaded again through vLLM's reload, and the
+        version is refused, named; the next one takes the reload)."""
         from actors.vllm_direct import DirectLoader, DirectLoadUnsupported
 
         loader = getattr(self, "_agentgym_direct", None)
@@ -88,12 +94,16 @@ class WeightLoadExtension:
             self._agentgym_direct = loader
         if direct and loader:
             try:
-                loader.load(weights)
+                loader.load(weights, names)
                 return
             except DirectLoadUnsupported as exc:  # found while recording, by the model's own load_weights;
                 # loaded once more through vLLM's reload, the path every later version takes
                 self._agentgym_direct = False
                 logging.getLogger("agentgym.generator").warning("direct weight load off: %s", exc)
+                if names is not None:
+                    raise RuntimeError(f"direct weight load off ({exc}); this streamed version cannot be read "
+                                       "again, so it is refused: the next version loads through vLLM's reload"
+                                       ) from exc
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
     def agentgym_join_weights_group(self, host: str, port: int, rank_offset: int, world_size: int,
@@ -109,18 +119,25 @@ class WeightLoadExtension:
 
     def agentgym_receive_weights(self, announcement: bytes, extra_aliases: list, load: bool,
                                  direct: bool = True) -> int:
-        """Take part in one announced version; reload it unless `load` is false (a refused version is received
-        and dropped, so the group's sequence stays whole). `extra_aliases`: [[name, source name]] to add."""
-        from actors.weights_collective import Announcement, receive
+        """Take part in one announced version, loading it as it streams unless `load` is false (a refused version
+        is received and dropped, so the group's sequence stays whole). `extra_aliases`: [[name, source name]] to
+        add. Returns the number of tensors loaded."""
+        from actors.collective_buckets import VersionStream
+        from actors.weights_collective import Announcement
         from actors.weights_ipc import Importer
 
         ann = Announcement.unpack(announcement)
         group = self._agentgym_group
-        importer = Importer(group.source_index) if group.ipc else None
-        weights = receive(group, ann, self.model_config.dtype, importer)
-        have = dict(weights)
-        weights += [(name, have[src]) for name, src in extra_aliases if name not in have and src in have]
-        if not load:
-            return 0
-        self._agentgym_load(weights, direct)
-        return len(weights)
+        if group.ipc and getattr(self, "_agentgym_importer", None) is None:
+            self._agentgym_importer = Importer(group.source_index)  # kept: it keeps rank 0's buffer mapped
+        loader = getattr(self, "_agentgym_direct", None)
+        replay = bool(direct and loader and loader.calls is not None)  # copies each tensor into place at once
+        stream = VersionStream(group, ann, self.model_config.dtype, getattr(self, "_agentgym_importer", None),
+                               copies=not replay, extra_aliases=[tuple(a) for a in extra_aliases])
+        try:
+            if load:
+                self._agentgym_load(iter(stream), direct, stream.names())
+        finally:
+            if not group.failed:
+                stream.drain()
+        return stream.count if load else 0

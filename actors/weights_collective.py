@@ -10,11 +10,13 @@ Control (msgpack values in the group's store, each checked on decode):
   each worker   `member/<rank>`     {"gpu"}: whether it sees rank 0's GPU (CUDA IPC is then possible)
   rank 0        `plan`              {"backend", "ipc"}: nccl (GPUs) or gloo (CPU, or barriers only with IPC)
   rank 0        `announce/<seq>`    {"version", "dtype", "mode", "tensors": [[name, shape], ...],
-                                     "aliases": [[name, source name], ...], "buckets": [...]}
+                                     "aliases": [[name, source name], ...], "bucket_bytes", "buckets": [...]}
   each replica  `ack/<seq>/<name>`  {"ok", "error"}
-Data: `mode` "broadcast": one broadcast per tensor, in the announced order, in the announced (wire) dtype;
-"ipc": rank 0 copies tensors into a staging bucket and announces its CUDA IPC handle (actors.weights_ipc); the
-workers copy out, and one all-reduce per bucket says every worker is done with it.
+Data moves in buckets of at most `bucket_bytes` (transport.weights_bucket_mb; actors.collective_buckets): the
+tensors, in the announced order and (wire) dtype, packed at 256-byte aligned offsets. `mode` "broadcast": one
+broadcast per bucket, through two buffers on each member (the next bucket arrives while this one loads); "ipc":
+rank 0 fills a staging bucket and announces its CUDA IPC handle (actors.weights_ipc), the workers load straight
+from it, and one all-reduce per bucket says every worker is done with it.
 
 What must hold:
 - Names, dtype and shapes are announced before any data, so a receiver allocates exactly what arrives. The wire
@@ -22,8 +24,11 @@ What must hold:
 - A tensor sent under two names (tied embeddings) is broadcast once and announced as an alias.
 - A receiver that refuses a version still takes part in every broadcast (and drops the data): a member that
   left the sequence would hang the others until the group's timeout.
-- Every member must take part in every version: a dead member fails the update within `timeout_s` (named), and
-  the run's failure handling rebuilds its roles; the group is not re-formed around it.
+- Every member must take part in every version: a member that dies or stalls fails the version within
+  `timeout_s` of its start with WeightsGroupError (named), on every member still waiting, never by NCCL's
+  watchdog: each wait polls the collective's completion on the host against that deadline (NCCL's own timeout
+  is set beyond it), and a member that gives up aborts its backend. A failed group stays failed; the run's
+  failure handling rebuilds its roles, the group is not re-formed around a member.
 - The store and the backends are not authenticated: off loopback the cluster network has to be trusted.
 """
 from __future__ import annotations
@@ -45,9 +50,18 @@ MAX_META = 64 << 20  # an announcement of a model with ~100k tensors; checked be
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
+MAX_BUCKET = 1 << 36  # a bucket_bytes past this is not a plan but a corrupt announcement
+
+
+class WeightsGroupError(RuntimeError):
+    """A version could not move through the weights group (a member died, stalled past the deadline, or the
+    group failed before); the message names the version, the bucket and the member's rank."""
+
+
 @dataclass
 class Announcement:
-    """One version's index. `tensors` in broadcast order; `buckets`: per IPC bucket, the tensors' byte offsets."""
+    """One version's index. `tensors` in send order; `buckets`: per bucket, its tensors' byte offsets, exactly
+    `actors.collective_buckets.plan(tensors, dtype, bucket_bytes)` (checked on decode)."""
 
     version: int
     seq: int  # this group's count of announcements before this one (names the IPC keys)
@@ -55,12 +69,14 @@ class Announcement:
     mode: str  # broadcast or ipc
     tensors: list[tuple[str, tuple[int, ...]]]
     aliases: list[tuple[str, str]] = field(default_factory=list)
-    buckets: list[list[int]] = field(default_factory=list)  # ipc: bucket b holds tensors offsets[b] (bytes)
+    buckets: list[list[int]] = field(default_factory=list)  # bucket b holds the next len(buckets[b]) tensors
+    bucket_bytes: int = 1 << 30
 
     def pack(self) -> bytes:
         return msgpack.packb({"version": self.version, "seq": self.seq, "dtype": self.dtype, "mode": self.mode,
                               "tensors": [[n, list(s)] for n, s in self.tensors],
-                              "aliases": [list(a) for a in self.aliases], "buckets": self.buckets})
+                              "aliases": [list(a) for a in self.aliases], "buckets": self.buckets,
+                              "bucket_bytes": self.bucket_bytes})
 
     @classmethod
     def unpack(cls, raw: bytes) -> "Announcement":
@@ -97,12 +113,15 @@ class Announcement:
                     and item[0] not in names):
                 raise WireError("aliases", f"expected [new name, announced name], got {item!r:.80}")
             aliases.append((item[0], item[1]))
-        buckets = body.get("buckets") or []
-        if mode == "ipc" and sum(len(b) for b in buckets) != len(tensors):
-            raise WireError("buckets", "the IPC buckets do not place every tensor")
-        if not all(isinstance(b, list) and all(isinstance(o, int) and o >= 0 for o in b) for b in buckets):
-            raise WireError("buckets", "expected lists of byte offsets")
-        return cls(version, body["seq"], dtype, mode, tensors, aliases, buckets)
+        bucket_bytes = body.get("bucket_bytes")
+        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or not 0 < bucket_bytes <= MAX_BUCKET:
+            raise WireError("bucket_bytes", f"expected an int in (0, {MAX_BUCKET}], got {bucket_bytes!r:.40}")
+        from actors.collective_buckets import plan  # the plan is recomputed here, never taken on trust
+
+        buckets = body.get("buckets")
+        if buckets != plan(tensors, torch_dtype(dtype), bucket_bytes):
+            raise WireError("buckets", "the buckets are not the plan of these tensors and bucket_bytes")
+        return cls(version, body["seq"], dtype, mode, tensors, aliases, buckets, bucket_bytes)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -155,38 +174,81 @@ class Group:
             raise RuntimeError(f"weights group: rank 0 is on the CPU (gloo), rank {rank} is on {device}")
         self.comm_device = device if self.backend_name == "nccl" else torch.device("cpu")
         data = dist.PrefixStore("pg", self.store)
+        # The backend's own timeout lies past every deadline this group waits with (`finish`): a stalled member
+        # is named here, and the group aborted, before NCCL's watchdog would take the process down.
+        op_timeout = datetime.timedelta(seconds=2 * timeout_s + 60)
         if self.backend_name == "nccl":
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
+            options._timeout = op_timeout
             self.backend = dist.ProcessGroupNCCL(data, rank, world_size, options)
         else:
             options = dist.ProcessGroupGloo._Options()
-            options._timeout = timeout
+            options._timeout = op_timeout
             options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address(host, port))]
             self.backend = dist.ProcessGroupGloo(data, rank, world_size, options)
-        self.barrier()  # the group is formed when every member has joined
+        self.failed = ""  # why the group failed; every later operation raises it
+        self.barrier(time.monotonic() + timeout_s)  # the group is formed when every member has joined
 
-    def barrier(self) -> None:
-        self.all_reduce(torch.ones(1, device=self.comm_device))
+    def deadline(self) -> float:
+        """The deadline of an operation starting now: `timeout_s` from now (monotonic seconds)."""
+        return time.monotonic() + self.timeout_s
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
+    def start_broadcast(self, tensor: torch.Tensor):
+        """Start broadcasting `tensor` from rank 0; returns the Work to `finish`."""
+        self._check()
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = 0, 0
-        self.backend.broadcast([tensor], opts).wait()
+        return self.backend.broadcast([tensor], opts)
 
-    def all_reduce(self, tensor: torch.Tensor) -> None:
-        self.backend.allreduce([tensor]).wait()
+    def finish(self, work, deadline: float, what: str, poll_s: float = 0.0005) -> None:
+        """Wait on the host until `work` has completed (under NCCL: its end event on the GPU, so the bytes have
+        moved), at most until `deadline`. Past it, or when the work failed, the group is aborted and
+        WeightsGroupError names `what`."""
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                self.fail(f"{what}: not completed by every member within {self.timeout_s:.0f} s")
+            time.sleep(poll_s)
+        try:
+            work.wait()  # raises the operation's own error; under NCCL also orders this stream after it
+        except Exception as exc:
+            self.fail(f"{what}: {type(exc).__name__}: {str(exc)[:300]}")
 
-    def wait_key(self, key: str, stop=None, poll_s: float = 0.05) -> bytes | None:
-        """The value of `key` once set; None if `stop()` becomes true first, TimeoutError past `timeout_s`."""
-        deadline = time.monotonic() + self.timeout_s
+    def fail(self, why: str):
+        """Abort the backend (no later wait can hang on it, and NCCL's watchdog has nothing left to time out)
+        and raise WeightsGroupError; the group stays failed."""
+        self.failed = self.failed or f"weights group rank {self.rank}: {why}"
+        self.abort()
+        raise WeightsGroupError(self.failed)
+
+    def _check(self) -> None:
+        if self.failed:
+            raise WeightsGroupError(f"the weights group failed before: {self.failed}")
+
+    def barrier(self, deadline: float | None = None, what: str = "barrier") -> None:
+        self._check()
+        work = self.backend.allreduce([torch.ones(1, device=self.comm_device)])
+        self.finish(work, self.deadline() if deadline is None else deadline, what)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.finish(self.start_broadcast(tensor), self.deadline(), "broadcast")
+
+    def wait_key(self, key: str, stop=None, poll_s: float = 0.05, deadline: float | None = None) -> bytes | None:
+        """The value of `key` once set; None if `stop()` becomes true first; past `deadline` (default `timeout_s`
+        from now) the group fails with WeightsGroupError."""
+        deadline = self.deadline() if deadline is None else deadline
         while not self.store.check([key]):
             if stop is not None and stop():
                 return None
             if time.monotonic() > deadline:
-                raise TimeoutError(f"weights group rank {self.rank}: {key} not set within {self.timeout_s:.0f} s")
+                self.fail(f"{key} not set within {self.timeout_s:.0f} s")
             time.sleep(poll_s)
         return self.store.get(key)
+
+    def abort(self) -> None:
+        try:
+            self.backend.abort()
+        except Exception:  # gloo may not implement abort: its pending operations end at their own timeout
+            pass
 
     def close(self) -> None:
         try:
@@ -218,27 +280,19 @@ def gpu_uuid(device: torch.device) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)
 
 
-def to_wire(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return t.detach().to(device=device, dtype=dtype).contiguous()
-
-
 def receive(group: Group, ann: Announcement, engine_dtype: torch.dtype, ipc=None) -> list[tuple[str, torch.Tensor]]:
-    """A receiver's side of one version: every announced tensor (then its aliases), in the engine's dtype on this
-    member's device. `ipc`: an actors.weights_ipc.Importer when the announcement's mode is ipc."""
-    wire = torch_dtype(ann.dtype)
-    if ann.mode == "ipc":
-        if ipc is None:
-            raise RuntimeError("an IPC version reached a member that cannot open IPC handles")
-        received = ipc.receive(group, ann)
-    else:
-        received = []
-        for name, shape in ann.tensors:
-            buf = torch.empty(shape, dtype=wire, device=group.device)
-            group.broadcast(buf)
-            received.append((name, buf))
-    out = [(n, t if t.dtype == engine_dtype else t.to(engine_dtype)) for n, t in received]
-    by_name = dict(out)
-    return out + [(alias, by_name[source]) for alias, source in ann.aliases]
+    """A receiver's side of one whole version, collected: every announced tensor (then its aliases) copied out in
+    the engine's dtype on this member's device. For tests and small models; an engine loads a version as it
+    streams instead (actors.collective_buckets.VersionStream), never holding all of it."""
+    from actors.collective_buckets import VersionStream
+
+    stream = VersionStream(group, ann, engine_dtype, ipc, copies=True)
+    try:
+        got = list(stream)
+    finally:
+        stream.drain()
+    by_name = dict(got)
+    return [(n, by_name[n]) for n, _ in ann.tensors] + [(a, by_name[src]) for a, src in ann.aliases]
 
 
 def tensor_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:

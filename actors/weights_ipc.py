@@ -5,43 +5,28 @@ same pair vLLM's IPC weight transfer uses. Runs only on CUDA; `launch.gpu_check`
 check.
 
 What must hold:
-- Rank 0 owns one staging buffer (grown when a bucket needs more, then kept), so its IPC handle stays valid for
-  as long as any worker may open it; a bucket is reused only after the all-reduce that says every worker copied
-  it out.
+- Rank 0 owns one staging buffer of one bucket (actors.collective_buckets: transport.weights_bucket_mb, grown
+  only for a tensor larger than that, then kept), so its IPC handle stays valid for as long as any worker may
+  open it; it is refilled only after the all-reduce that says every worker has loaded the bucket from it.
+  Workers allocate nothing for a bucket: their loader reads it in place (actors.collective_buckets.VersionStream).
 - A handle travels as plain values (sizes, ints, bytes) in msgpack, never as a pickle: the rebuild function and
   the tensor and storage classes are fixed on the receiving side. The receiving worker opens the handle on its
-  own index of the GPU with rank 0's UUID (CUDA_VISIBLE_DEVICES differs between processes), copies each tensor
-  to its own device, and drops the mapping before the all-reduce.
+  own index of the GPU with rank 0's UUID (CUDA_VISIBLE_DEVICES differs between processes) once per handle and
+  keeps that mapping while rank 0 keeps announcing the same handle (torch pairs one export with one rebuild and
+  release; opening it per bucket would unbalance that count).
+- Rank 0's copies into a bucket are complete on the host (a synchronize) before its handle is announced, and
+  every wait has the version's deadline (WeightsGroupError past it, actors.weights_collective).
 """
 from __future__ import annotations
+
+import time
 
 import msgpack
 import torch
 
-from actors.weights_collective import Announcement, Group, dtype_name, tensor_bytes, to_wire, torch_dtype
+from actors.collective_buckets import bucket_sizes, nbytes
+from actors.weights_collective import Announcement, Group, dtype_name, torch_dtype
 from core.trajectory import WireError
-
-ALIGN = 256  # CUDA allocations and vector loads like 256-byte alignment
-BUCKET_BYTES = 1 << 30
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def plan(tensors: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES
-         ) -> list[list[int]]:
-    """Byte offsets of the tensors, in order, bucket by bucket (a tensor larger than a bucket fills one alone)."""
-    buckets: list[list[int]] = [[]]
-    used = 0
-    for _, shape in tensors:
-        n = _aligned(tensor_bytes(shape, dtype))
-        if buckets[-1] and used + n > bucket_bytes:
-            buckets.append([])
-            used = 0
-        buckets[-1].append(used)
-        used += n
-    return buckets if buckets[-1] else buckets[:-1]
 
 
 def encode_handle(t: torch.Tensor) -> bytes:
@@ -80,22 +65,27 @@ class Exporter:
 
     def send(self, group: Group, ann: Announcement, tensors) -> None:
         wire = torch_dtype(ann.dtype)
+        sizes = bucket_sizes(ann)
+        deadline = time.monotonic() + group.timeout_s
         it = iter(tensors)
         k = 0
-        for b, offsets in enumerate(ann.buckets):
-            last = offsets[-1] + _aligned(tensor_bytes(ann.tensors[k + len(offsets) - 1][1], wire))
-            self._reserve(last)
-            for off in offsets:
-                name, shape = ann.tensors[k]
-                t = next(it)
-                if tuple(t.shape) != shape:
-                    raise ValueError(f"{name}: shape {tuple(t.shape)}, announced {shape}")
-                n = tensor_bytes(shape, wire)
-                self.staging[off:off + n].view(wire).view(shape).copy_(to_wire(t, wire, self.device))
-                k += 1
-            torch.cuda.synchronize(self.device)
-            group.store.set(f"ipc/{ann.seq}/{b}", self.handle)
-            group.barrier()  # every worker has copied this bucket out
+        try:
+            for b, offsets in enumerate(ann.buckets):
+                self._reserve(sizes[b])
+                for off in offsets:
+                    name, shape = ann.tensors[k]
+                    t = next(it, None)
+                    if t is None or tuple(t.shape) != tuple(shape):
+                        raise ValueError(f"{name}: shape {None if t is None else tuple(t.shape)}, announced {shape}")
+                    self.staging[off:off + nbytes(shape, wire)].view(wire).view(shape).copy_(t.detach())
+                    k += 1
+                torch.cuda.synchronize(self.device)
+                group.store.set(f"ipc/{ann.seq}/{b}", self.handle)
+                group.barrier(deadline, f"weights version {ann.version}: IPC bucket {b + 1} of {len(sizes)}")
+        except BaseException:
+            for _ in it:  # the other learner ranks gather alongside rank 0 (ZeRO-3)
+                pass
+            raise
 
     def _reserve(self, nbytes: int) -> None:
         if self.staging is None or self.staging.numel() < nbytes:
@@ -105,25 +95,18 @@ class Exporter:
 
 
 class Importer:
-    """A worker's side: opens each bucket's handle, copies its tensors to this worker's device."""
+    """A worker's side: maps rank 0's staging buffer (once per handle) and hands out each bucket of it."""
 
     def __init__(self, source_index: int):
         self.source_index = source_index
+        self._raw, self._mapped = b"", None
 
-    def receive(self, group: Group, ann: Announcement) -> list[tuple[str, torch.Tensor]]:
-        wire = torch_dtype(ann.dtype)
-        out, k = [], 0
-        for b, offsets in enumerate(ann.buckets):
-            raw = group.wait_key(f"ipc/{ann.seq}/{b}")
-            src = open_handle(raw, self.source_index)
-            for off in offsets:
-                name, shape = ann.tensors[k]
-                n = tensor_bytes(shape, wire)
-                if off + n > src.numel():
-                    raise WireError("buckets", f"{name} lies outside the shared buffer")
-                out.append((name, src[off:off + n].view(wire).view(shape).to(group.device, copy=True)))
-                k += 1
-            torch.cuda.synchronize(group.device)
-            del src  # the mapping is released before rank 0 may refill the buffer
-            group.barrier()
-        return out
+    def bucket(self, raw: bytes, size: int) -> torch.Tensor:
+        """The first `size` bytes of the buffer `raw` names, read in place."""
+        if raw != self._raw:
+            self._mapped = None  # the previous mapping is released before the new one is opened
+            self._mapped, self._raw = open_handle(raw, self.source_index), raw
+        if size > self._mapped.numel():
+            raise WireError("buckets", f"a bucket of {size} bytes lies outside the shared buffer "
+                            f"({self._mapped.numel()} bytes)")
+        return self._mapped[:size]

@@ -82,12 +82,14 @@ class LearnerGroup:
                  setup_timeout_s: float = 900.0, weights_curve: CurveServer | None = None,
                  weights_subscribers: list[str] | None = None, weights_stall_timeout_s: float = 60.0,
                  log_dir: str | None = None, weights_fanout: str = "star", weights_sync: str = "zmq",
-                 weights_workers_per_replica: int = 1, weights_timeout_s: float = 300.0, weights_shm: bool = True):
+                 weights_workers_per_replica: int = 1, weights_timeout_s: float = 300.0, weights_shm: bool = True,
+                 weights_bucket_bytes: int = 512 << 20):
         """Start `learner.num_ranks` actors and set them up (loads the model; blocks until ready).
         `weights_host` None: no weights publisher (e.g. a benchmark). `weights_curve`: the publisher's CURVE
         keys and the subscribers it admits; `weights_subscribers`: the names it accepts without CURVE;
         `weights_fanout`: star or relay (core.weights_relay). `weights_sync`: zmq, or collective (rank 0 forms a
-        weights group with `weights_subscribers`' workers, `weights_workers_per_replica` each)."""
+        weights group with `weights_subscribers`' workers, `weights_workers_per_replica` each, in buckets of at
+        most `weights_bucket_bytes`)."""
         self.learner_cfg, self.algorithm = learner, algorithm
         n = learner.num_ranks
         self._pg = placement_group([learner_bundle(learner) for _ in range(n)], strategy="PACK",
@@ -110,7 +112,8 @@ class LearnerGroup:
             self.master = (host, port)
             publisher = PublisherOptions(weights_host, weights_port, weights_chunk_bytes, weights_curve,
                                          weights_subscribers, weights_stall_timeout_s, weights_fanout,
-                                         weights_sync, weights_workers_per_replica, weights_timeout_s, weights_shm)
+                                         weights_sync, weights_workers_per_replica, weights_timeout_s, weights_shm,
+                                         weights_bucket_bytes)
             infos = _all([a.setup.remote(host, port, publisher if rank == 0 and weights_host else None)
                           for rank, a in enumerate(self.actors)])
         except BaseException:

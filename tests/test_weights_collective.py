@@ -4,7 +4,10 @@ reads each announcement through CollectiveSubscriber, receives in the engine's d
 
 Checked: a float32 tensor sent to a bfloat16 engine arrives cast (the wire carries bf16); a tensor sent under two
 names (tied embeddings) is broadcast once and arrives under both; two versions in sequence; acks; malformed
-announcements are refused, naming the field.
+announcements are refused, naming the field. The bounded receive (actors.collective_buckets): a version four
+times the bucket arrives bit-exact while each side holds at most two bucket buffers (counted by the buffers
+themselves, and every tensor handed to the loader lies inside one of them); a replica that dies mid-version, or
+stalls, fails the version on rank 0 and on the other replica with WeightsGroupError within the timeout.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import msgpack
 import pytest
 import torch
 
+from actors.collective_buckets import plan
 from actors.collective_publisher import CollectivePublisher
 from actors.weights_collective import Announcement
 from core.trajectory import WireError
@@ -80,11 +84,13 @@ def test_broadcast_casts_to_engine_dtype_and_sends_tied_tensor_once():
 
 
 def test_announcement_round_trip_and_refusals():
-    ann = Announcement(7, 2, "bfloat16", "broadcast", [("a", (2, 3)), ("b", ())], [("c", "a")])
+    tensors = [("a", (2, 3)), ("b", ()), ("d", (300,))]
+    ann = Announcement(7, 2, "bfloat16", "broadcast", tensors, [("c", "a")],
+                       plan(tensors, torch.bfloat16, 512), 512)
+    assert ann.buckets == [[0, 256], [0]]  # 256-byte aligned; "d" (600 bytes) does not fit the first bucket
     back = Announcement.unpack(ann.pack())
-    assert (back.version, back.seq, back.dtype, back.tensors, back.aliases) == (7, 2, "bfloat16",
-                                                                                 [("a", (2, 3)), ("b", ())],
-                                                                                 [("c", "a")])
+    assert (back.version, back.seq, back.dtype, back.tensors, back.aliases, back.buckets, back.bucket_bytes) == (
+        7, 2, "bfloat16", tensors, [("c", "a")], [[0, 256], [0]], 512)
 
     def bad(**change) -> bytes:
         body = msgpack.unpackb(ann.pack())
@@ -94,7 +100,9 @@ def test_announcement_round_trip_and_refusals():
     for raw, name in [(b"\xc1", "announcement"), (bad(version=-1), "version"), (bad(dtype="int8"), "dtype"),
                       (bad(mode="tcp"), "mode"), (bad(tensors=[["a", [2, -3]]]), "tensors"),
                       (bad(tensors=[["a", [1]], ["a", [1]]]), "tensors"), (bad(aliases=[["c", "zzz"]]), "aliases"),
-                      (bad(mode="ipc", buckets=[]), "buckets")]:
+                      (bad(mode="ipc", buckets=[]), "buckets"), (bad(buckets=[[0, 256, 512]]), "buckets"),
+                      (bad(buckets=[[0, 128], [0]]), "buckets"), (bad(bucket_bytes=0), "bucket_bytes"),
+                      (bad(bucket_bytes=1 << 40), "bucket_bytes"), (bad(bucket_bytes="1"), "bucket_bytes")]:
         with pytest.raises(WireError) as err:
             Announcement.unpack(raw)
         assert err.value.field == name
