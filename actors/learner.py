@@ -8,7 +8,9 @@ What must hold:
 - Every rank runs the same collectives in the same order: before each pass the ranks agree (all-reduce max)
   on the number of micro-batches, and a rank that runs short packs padding micro-batches.
 - Before any update of a train step, the proximal logprobs of every sampled token are recomputed with the
-  weights as they are then, under no_grad, and stay fixed for all the step's mini-batches and epochs.
+  weights as they are then, under no_grad, and stay fixed for all the step's mini-batches and epochs. The
+  coupled loss (algorithm.policy_loss=coupled, the off-policy ablation) uses the behaviour logprobs in their
+  place, so it skips that pass unless GAE needs the pass's values.
 - The loss of a mini-batch is its mean over all ranks' tokens (or sequences): token weights are normalised by
   global totals, and scaled by the world size because DeepSpeed averages gradients over ranks.
 - `version` counts completed train steps (plus the version loaded from a checkpoint); weights published as
@@ -101,7 +103,7 @@ class Learner:
             clip_eps_low=algorithm.clip_eps_low, clip_eps_high=algorithm.clip_eps_high,
             behaviour_weight_cap=algorithm.behaviour_weight_cap, entropy_coef=algorithm.entropy_coef,
             kl_coef=algorithm.kl_coef, kl_type=algorithm.kl_type, value_clip=algorithm.value_clip,
-            value_coef=algorithm.value_coef)
+            value_coef=algorithm.value_coef, policy_loss=algorithm.policy_loss)
         self.version = 0
         self.updates = 0
         self.engine = None
@@ -257,7 +259,9 @@ class Learner:
         # training forward's own (detached) logprobs serve, and the separate no-grad pass is skipped.
         fused = (self.cfg.fuse_proximal_pass and self.cfg.ppo_epochs == 1 and self.cfg.mini_batches == 1
                  and not gae)
-        proximal, values, reference, entropy_sum = self._proximal_pass(trajs, policy=not fused)
+        # The coupled loss takes the behaviour logprobs as the proximal ones: the pass is needed only for values.
+        coupled = self.settings.policy_loss == "coupled" and not gae
+        proximal, values, reference, entropy_sum = self._proximal_pass(trajs, policy=not (fused or coupled))
         returns = None
         if gae:
             pairs = [adv.gae(t, v, self.algo.gamma, self.algo.lam) for t, v in zip(trajs, values)]
@@ -294,7 +298,7 @@ class Learner:
         local_tokens = sum(int(trajs[i].loss_mask.sum()) for i in part)
         local_seqs = sum(1 for i in part if trajs[i].loss_mask.any())
         total_tokens, total_seqs = self._agree([local_tokens, local_seqs], "sum")
-        fused = proximal is None  # the proximal logprobs are this forward's own, detached
+        fused = proximal is None  # the proximal logprobs are this forward's own, detached (unused when coupled)
         entropy_loss = self.settings.entropy_coef > 0  # otherwise the entropy is a metric, with no graph
         t = self._tensor
         for mb in mbs:

@@ -125,6 +125,12 @@ class AlgorithmConfig:
     """PPO ratio clip above 1 ("clip-higher")."""
     behaviour_weight_cap: float = spec(2.0, gt=0)
     """Truncation cap of the detached behaviour-to-proximal importance weight."""
+    policy_loss: str = spec("decoupled", choices=("decoupled", "coupled"))
+    """`decoupled`: decoupled PPO, the ratio clipped around the proximal policy (the learner's weights before
+    the update) and the behaviour-to-proximal importance weight, truncated at behaviour_weight_cap: the
+    off-policy correction. `coupled`: the same loss with the correction off, an ablation (`python -m launch.ablate
+    offpolicy`): the behaviour policy's logprobs serve as the proximal ones, so the ratio is the standard PPO
+    one, current over behaviour, and no importance weight is applied; the learner's proximal pass is skipped."""
     loss_agg: str = spec("token_mean", choices=("token_mean", "seq_mean_token_mean"))
     """How token losses are averaged."""
     entropy_coef: float = spec(0.0, ge=0)

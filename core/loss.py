@@ -12,7 +12,10 @@ Per sampled token, with advantage A:
     policy loss = -weight * min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
 
 With behaviour == proximal the weight is 1 and this is standard clipped PPO (with clip-higher when
-eps_high > eps_low). Optional terms, per token, aggregated the same way: `- entropy_coef * entropy`,
+eps_high > eps_low). `policy_loss="coupled"` is that loss whatever the proximal policy: the behaviour
+logprobs serve as the proximal ones, so the ratio is exp(logp_current - logp_behaviour), clipped around the
+behaviour policy, and there is no importance weight (the off-policy correction switched off, for the
+ablation `python -m launch.ablate offpolicy`; the learner then skips its proximal pass). Optional terms, per token, aggregated the same way: `- entropy_coef * entropy`,
 `+ kl_coef * KL(current || reference)` by the k1/k2/k3 estimator, and `+ value_coef * clipped value loss`
 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
 
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 KL_TYPES = ("k1", "k2", "k3")
+POLICY_LOSSES = ("decoupled", "coupled")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean")
 
 
@@ -45,8 +49,11 @@ class LossSettings:
     kl_type: str = "k3"
     value_clip: float = 0.2
     value_coef: float = 0.5
+    policy_loss: str = "decoupled"  # or "coupled": behaviour logprobs as the proximal ones, no importance weight
 
     def __post_init__(self):
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"policy_loss: expected one of {POLICY_LOSSES}, got {self.policy_loss!r}")
         if self.kl_type not in KL_TYPES:
             raise ValueError(f"kl_type: expected one of {KL_TYPES}, got {self.kl_type!r}")
         if self.behaviour_weight_cap <= 0:
@@ -105,13 +112,20 @@ def decoupled_ppo_loss(current: torch.Tensor, proximal: torch.Tensor, behaviour:
                        values: torch.Tensor | None = None, old_values: torch.Tensor | None = None,
                        returns: torch.Tensor | None = None) -> LossOutput:
     """The loss of one micro-batch. current/proximal/behaviour are logprobs of the sampled tokens [n];
-    `token_weights` [n] come from `aggregation_weights` (0 for padding tokens that must not count)."""
+    `token_weights` [n] come from `aggregation_weights` (0 for padding tokens that must not count). With
+    `settings.policy_loss == "coupled"` the proximal logprobs are not used (the behaviour ones take their place)."""
     s = settings
+    if s.policy_loss == "coupled":
+        proximal = behaviour
     proximal, behaviour, advantages = proximal.detach(), behaviour.detach(), advantages.detach()
     counted = (token_weights > 0).float()
 
     ratio = torch.exp(current - proximal)
-    weight, raw_weight = behaviour_weights(proximal, behaviour, s.behaviour_weight_cap)
+    if s.policy_loss == "coupled":  # no correction: a weight of 1, whatever the cap (a cap below 1 would scale)
+        raw_weight = torch.ones_like(behaviour)
+        weight = raw_weight
+    else:
+        weight, raw_weight = behaviour_weights(proximal, behaviour, s.behaviour_weight_cap)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - s.clip_eps_low, 1.0 + s.clip_eps_high) * advantages
     policy_token = -weight * torch.minimum(unclipped, clipped)
@@ -150,7 +164,8 @@ def decoupled_ppo_loss(current: torch.Tensor, proximal: torch.Tensor, behaviour:
             "clip_high_frac": tsum(high.float()),
             "approx_kl": tsum(torch.expm1(log_ratio) - log_ratio),  # k3 of KL(proximal || current)
             "is_weight_mean": tsum(raw_weight),
-            "truncated_frac": tsum((raw_weight > s.behaviour_weight_cap).float()),
+            "truncated_frac": tsum((raw_weight > s.behaviour_weight_cap).float()) if s.policy_loss == "decoupled"
+            else 0.0,
             "entropy": tsum(entropy.detach()) if entropy is not None else 0.0,
             "kl_ref": tsum(kl.detach()) if kl is not None else 0.0,
             "value_loss": tsum(value_token.detach()) if value_token is not None else 0.0,

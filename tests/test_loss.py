@@ -92,6 +92,49 @@ def test_stale_behaviour_weights_are_exact_truncated_and_detached():
     assert stats["truncated_frac"] == pytest.approx(0.25)
 
 
+def test_the_coupled_loss_is_standard_clipped_ppo_on_the_behaviour_logprobs():
+    """The off-policy ablation's loss: the behaviour logprobs take the proximal ones' place (the ratio is
+    current over behaviour, clipped around it) and there is no importance weight, whatever the proximal
+    policy; it differs from the decoupled loss as soon as behaviour != proximal."""
+    coupled = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, behaviour_weight_cap=0.5, policy_loss="coupled")
+    behaviour = logs([0.4, 0.4, 0.4, 0.1])
+    proximal = logs([0.2, 0.4, 0.6, 0.3])  # stale behaviour: weights 0.5, 1, 1.5, 3
+    ratio = [0.5, 1.1, 1.5, 1.0]  # current / behaviour
+    A = torch.tensor([-1.0, -1.0, 1.0, 2.0], dtype=torch.float64)
+    current = (behaviour + logs(ratio)).clone().requires_grad_(True)
+    out = decoupled_ppo_loss(current, proximal, behaviour, A, token_mean(4), coupled)
+    # standard clipped PPO on behaviour, by hand: -min(r A, clip(r, 0.8, 1.28) A)
+    hand = [0.8,  # r=0.5, A=-1: min(-0.5, -0.8), clipped low
+            1.1,  # r=1.1, A=-1: not clipped
+            -1.28,  # r=1.5, A=+1: clipped high
+            -2.0]  # r=1: not clipped
+    assert out.loss.item() == pytest.approx(sum(hand) / 4, rel=1e-12)
+    # the same as the decoupled loss given behaviour as its proximal policy (there the weight is exactly 1)
+    standard = decoupled_ppo_loss(current, behaviour, behaviour, A, token_mean(4), S)
+    assert out.loss.item() == pytest.approx(standard.loss.item(), rel=1e-12)
+    out.loss.backward()
+    grad = [0.0, 1.1 / 4, 0.0, -2.0 / 4]  # clipped tokens get none; the others -r A / 4, with no weight
+    assert torch.allclose(current.grad, torch.tensor(grad, dtype=torch.float64), atol=1e-12)
+    stats = finish_stats(out.sums, out.maxima)
+    assert stats["is_weight_mean"] == 1.0 and stats["is_weight_max"] == 1.0 and stats["truncated_frac"] == 0.0
+    assert stats["clip_frac"] == pytest.approx(2 / 4)
+    # the decoupled loss on the same tokens differs: its ratio is around the proximal policy, weighted
+    # (ratio current / proximal = 1, 1.1, 1, 1/3, none clipped; weights 0.5, 1, 1.5, 2 after truncation)
+    current.grad = None
+    decoupled = decoupled_ppo_loss(current, proximal, behaviour, A, token_mean(4), S)
+    by_hand = [0.5 * 1.0, 1.0 * 1.1, -1.5 * 1.0, -2.0 * 2 / 3]
+    assert decoupled.loss.item() == pytest.approx(sum(by_hand) / 4, rel=1e-12)
+    assert decoupled.loss.item() != pytest.approx(out.loss.item(), abs=0.01)
+    decoupled.loss.backward()
+    grad = [0.5 / 4, 1.1 / 4, -1.5 / 4, -2.0 * 2 / 3 / 4]  # -w (current / proximal) A / 4: no token clipped
+    assert torch.allclose(current.grad, torch.tensor(grad, dtype=torch.float64), atol=1e-12)
+    # and with behaviour == proximal the two agree
+    same = [decoupled_ppo_loss(current, behaviour, behaviour, A, token_mean(4), s).loss.item() for s in (S, coupled)]
+    assert same[0] == pytest.approx(same[1], rel=1e-12)
+    with pytest.raises(ValueError, match="policy_loss"):
+        LossSettings(policy_loss="off")
+
+
 def test_masked_tokens_contribute_nothing():
     proximal = logs([0.3, 0.3, 0.3])
     current = (proximal + logs([1.1, 5.0, 0.9])).clone().requires_grad_(True)
