@@ -25,8 +25,6 @@ import torch
 
 from actors.collective_buckets import plan, send_version
 from actors.weights_collective import Announcement, Group, WeightsGroupError, tensor_bytes, torch_dtype
-from actors.zero_engine import full_weight_layout, iter_full_weights
-from core.transport import DropLog
 
 log = logging.getLogger("agentgym.weights")
 
@@ -56,7 +54,7 @@ class CollectivePublisher:
         self.seq_of: dict[int, int] = {}
         self.seq = 0
         self.published = -1
-        self.drops = DropLog("weights ack", log)
+        self._drops = None
         self.zap = None  # no CURVE on this path (see actors.weights_collective)
         self.relinked = 0
         self._exporter = None
@@ -80,6 +78,8 @@ class CollectivePublisher:
 
     def publish(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Send `version` ((name, tensor) pairs; a tensor under two names goes once); returns bytes per member."""
+        from actors.zero_engine import full_weight_layout, iter_full_weights  # imports DeepSpeed only when used
+
         named = list(tensors)
         specs, aliases = full_weight_layout(named)
         return self.publish_stream(version, specs, aliases, iter_full_weights(named))
@@ -111,6 +111,16 @@ class CollectivePublisher:
             buffers = send_version(self.group, ann, tensors, self.device)
             self.peak_buffer_bytes = max(self.peak_buffer_bytes, buffers.peak)
         return sum(tensor_bytes(shape, wire) for _, shape in specs)
+
+    @property
+    def drops(self):
+        """Acks that did not decode, counted (core.transport.DropLog; imported when first asked for, so that this
+        class needs neither ZeroMQ nor the channels' crypto: launch.gpu_device_check runs it with torch alone)."""
+        if self._drops is None:
+            from core.transport import DropLog
+
+            self._drops = DropLog("weights ack", log)
+        return self._drops
 
     def wait_acks(self, version: int, timeout_s: float, excused: Iterable[str] = ()) -> dict[str, tuple[bool, str]]:
         """{replica: (ok, error)} once every replica acked `version` (one in `excused`, known down, counts as

@@ -70,8 +70,8 @@ class Exporter:
         it = iter(tensors)
         k = 0
         try:
+            self._reserve(max(sizes, default=0))  # one buffer, one handle for the whole version
             for b, offsets in enumerate(ann.buckets):
-                self._reserve(sizes[b])
                 for off in offsets:
                     name, shape = ann.tensors[k]
                     t = next(it, None)
