@@ -113,8 +113,13 @@ class TransportConfig:
     transport/weights_auth_refused). `curvezmq`: ZeroMQ's own CURVE handshake refuses outsiders' connections,
     and its I/O thread encrypts."""
     allow_insecure: bool = spec(False)
-    """Allow `auth=off` on a non-loopback host: anyone who reaches the ports can then push trajectories and
-    read the model."""
+    """For a trusted cluster network only: allows what leaves a part of the run open to anyone who reaches its
+    ports off loopback: `auth=off` on a non-loopback host (they can push trajectories and read the model),
+    `weights_sync=collective` there (its store, NCCL and gloo are not authenticated), learner ranks spread over
+    several nodes (they rendezvous through torch's TCPStore and run gloo or NCCL unauthenticated; without this
+    the ranks are kept on one node), and joining a Ray cluster without Ray's token authentication
+    (RAY_AUTH_MODE=token), whose ports give the run's keys and code execution as the run's user. All but
+    collective are also named in a warning at start."""
 
     def uses_curve(self) -> bool:
         return self.auth == "curve" or (self.auth == "auto" and not is_loopback(self.host))

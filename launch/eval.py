@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from launch.ray_cluster import connect, shutdown
 
-    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose)
+    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose,
+            allow_insecure=cfg.transport.allow_insecure)
     try:
         if args.policy == "random":
             evaluate_random(cfg, Path(args.out), skipped)

@@ -1,10 +1,11 @@
 """The learner ranks as Ray actors, behind one handle.
 
 What must hold:
-- One actor per data-parallel rank, each holding the CPU/GPU resources of `learner.num_*_per_rank`, packed
-  onto as few nodes as possible by a placement group (docs/placement.md). A rank without GPUs sees none; a
-  rank with GPUs sees only Ray's and trains on the first (cuda:0); ranks that see otherwise are refused before
-  set-up (launch.placement).
+- One actor per data-parallel rank, each holding the CPU/GPU resources of `learner.num_*_per_rank`, in one
+  placement group (docs/placement.md): all on one node (STRICT_PACK), or with transport.allow_insecure packed
+  onto as few nodes as possible (PACK), since ranks on several nodes rendezvous unauthenticated. A rank
+  without GPUs sees none; a rank with GPUs sees only Ray's and trains on the first (cuda:0); ranks that see
+  otherwise are refused before set-up (launch.placement).
 - The ranks rendezvous at 127.0.0.1 when they share a node, else at rank 0's node address; rank 0 picks the
   port. Every call goes to every rank at once (the ranks run collectives), and a failure on any rank raises
   here at once instead of leaving the others waiting in a collective.
@@ -18,15 +19,13 @@ What must hold:
 from __future__ import annotations
 
 import logging
-import os
 from typing import Sequence
 
-from launch.ray_cluster import ray_env_defaults
+from launch.ray_cluster import apply_ray_env
 
 # Ray reads these when it is imported, not when it starts: set after `import ray`, a local Ray listens on
 # every interface and advertises the machine's external address (seen with Ray 2.60). As in connect().
-for _key, _value in ray_env_defaults().items():
-    os.environ.setdefault(_key, _value)
+apply_ray_env()
 
 import ray  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
@@ -83,17 +82,19 @@ class LearnerGroup:
                  weights_subscribers: list[str] | None = None, weights_stall_timeout_s: float = 60.0,
                  log_dir: str | None = None, weights_fanout: str = "star", weights_sync: str = "zmq",
                  weights_workers_per_replica: int = 1, weights_timeout_s: float = 300.0, weights_shm: bool = True,
-                 weights_bucket_bytes: int = 512 << 20):
+                 weights_bucket_bytes: int = 512 << 20, spread_nodes: bool = False):
         """Start `learner.num_ranks` actors and set them up (loads the model; blocks until ready).
         `weights_host` None: no weights publisher (e.g. a benchmark). `weights_curve`: the publisher's CURVE
         keys and the subscribers it admits; `weights_subscribers`: the names it accepts without CURVE;
         `weights_fanout`: star or relay (core.weights_relay). `weights_sync`: zmq, or collective (rank 0 forms a
         weights group with `weights_subscribers`' workers, `weights_workers_per_replica` each, in buckets of at
-        most `weights_bucket_bytes`)."""
+        most `weights_bucket_bytes`). `spread_nodes` (transport.allow_insecure): the ranks may spread over
+        several nodes and rendezvous, unauthenticated, at rank 0's node address; otherwise they are kept on one
+        node (STRICT_PACK) and meet on 127.0.0.1."""
         self.learner_cfg, self.algorithm = learner, algorithm
         n = learner.num_ranks
-        self._pg = placement_group([learner_bundle(learner) for _ in range(n)], strategy="PACK",
-                                   name=f"{name}-pg")
+        self._pg = placement_group([learner_bundle(learner) for _ in range(n)],
+                                   strategy="PACK" if spread_nodes else "STRICT_PACK", name=f"{name}-pg")
         self.actors: list = []
         try:
             ray.get(self._pg.ready(), timeout=setup_timeout_s)
@@ -108,6 +109,12 @@ class LearnerGroup:
             nodes = [_node_of(a) for a in self.actors]
             self.rank0_address = nodes[0][1]  # where rank 0 (the weights publisher) runs
             host = LOOPBACK if len({node_id for node_id, _ in nodes}) == 1 else nodes[0][1]
+            if host != LOOPBACK and not spread_nodes:  # STRICT_PACK rules it out; never rendezvous off-node unasked
+                raise RuntimeError(f"learner ranks landed on several nodes ({sorted({a for _, a in nodes})}) "
+                                   "without transport.allow_insecure: their rendezvous is not authenticated")
+            if host != LOOPBACK:
+                log.warning("learner ranks on several nodes rendezvous at %s, not authenticated: whoever reaches it "
+                            "can read and overwrite the store's keys (transport.allow_insecure=true)", host)
             port = ray.get(self.actors[0].listen.remote(host))
             self.master = (host, port)
             publisher = PublisherOptions(weights_host, weights_port, weights_chunk_bytes, weights_curve,

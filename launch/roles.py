@@ -60,9 +60,15 @@ def resource_request(cfg: RootConfig) -> dict[str, float]:
     return {resource: float(sum(v for _, v in parts)) for resource, parts in resource_asks(cfg).items()}
 
 
-def check_resources(cfg: RootConfig, have: dict[str, float] | None = None) -> None:
+def check_resources(cfg: RootConfig, have: dict[str, float] | None = None,
+                    nodes: list[dict[str, float]] | None = None) -> None:
     """Refuse, naming the config keys, a run whose roles ask for more CPUs or GPUs than the cluster has (`have`:
-    Ray's cluster resources when None), since Ray would otherwise wait forever to place them."""
+    Ray's cluster resources when None), since Ray would otherwise wait forever to place them; and, unless
+    transport.allow_insecure, one whose learner ranks fit on no single node (`nodes`: each live node's
+    resources; when None, Ray's, or `have` as one node when given): ranks on several nodes rendezvous through a
+    store that is not authenticated."""
+    if nodes is None and have is not None:
+        nodes = [have]
     if have is None:
         import ray
 
@@ -73,6 +79,37 @@ def check_resources(cfg: RootConfig, have: dict[str, float] | None = None) -> No
             detail = ", ".join(f"{k} = {v:g}" for k, v in asks[resource] if v)
             raise SystemExit(f"launch.train: config error: the roles ask for {total:g} {resource} ({detail}) but the "
                              f"Ray cluster has {have.get(resource, 0):g}; lower those counts or add nodes")
+    problem = learners_span_nodes(cfg, nodes)
+    if problem:
+        raise SystemExit(f"launch.train: config error: {problem}")
+
+
+def learners_span_nodes(cfg: RootConfig, nodes: list[dict[str, float]] | None = None) -> str:
+    """Why the learner ranks may not be placed as the config asks ("" when they may): without
+    transport.allow_insecure they must all fit on one node (launch.learners places them with STRICT_PACK),
+    because ranks on several nodes meet at rank 0's rendezvous store (torch's TCPStore) and run gloo or NCCL
+    between the nodes, none of it authenticated: whoever reaches that node could read, overwrite and delete the
+    store's keys and join the process group."""
+    n = cfg.learner.num_ranks
+    if n <= 1 or cfg.transport.allow_insecure:
+        return ""
+    if nodes is None:
+        import ray
+
+        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    from launch.placement import learner_bundle
+
+    need = {resource: n * amount for resource, amount in learner_bundle(cfg.learner).items()}
+    if any(all(node.get(r, 0) + 1e-9 >= v for r, v in need.items()) for node in nodes):
+        return ""
+    asked = ", ".join(f"{v:g} {r}" for r, v in need.items())
+    return (f"the learner ranks (learner.num_ranks = {n}, each learner.num_cpus_per_rank = "
+            f"{cfg.learner.num_cpus_per_rank:g} and learner.num_gpus_per_rank = {cfg.learner.num_gpus_per_rank:g}; "
+            f"{asked} in all) fit on no single node of this Ray cluster, and ranks on several nodes rendezvous "
+            "through a store that is not authenticated (anyone reaching rank 0's node can read, overwrite and "
+            "delete its keys) and run gloo or NCCL between the nodes unauthenticated; lower learner.num_ranks or "
+            "the per-rank resources to fit one node, or set transport.allow_insecure=true on a trusted cluster "
+            "network")
 
 
 def role_log_dir(cfg: RootConfig) -> str | None:
@@ -150,7 +187,7 @@ class Roles:
                                     log_dir=log_dir, weights_fanout=t.weights_fanout, weights_sync=t.weights_sync,
                                     weights_workers_per_replica=workers_per_replica(cfg.generator),
                                     weights_timeout_s=t.weights_ack_timeout_s, weights_shm=t.weights_shm,
-                                    weights_bucket_bytes=t.weights_bucket_mb << 20)
+                                    weights_bucket_bytes=t.weights_bucket_mb << 20, spread_nodes=t.allow_insecure)
             if pools is None:
                 policy, pools = launch_rest()
             if resume_learner is not None:

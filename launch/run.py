@@ -41,7 +41,8 @@ def run_training(cfg: RootConfig) -> int:
 
 
 def _attempts(cfg: RootConfig, out: Path) -> int:
-    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose)
+    connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose,
+            allow_insecure=cfg.transport.allow_insecure)
     from launch.session import TrainingSession  # after Ray is up: it imports the roles
 
     current: list = []  # the session of the attempt in progress, for the signal handler

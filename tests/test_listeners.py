@@ -1,6 +1,6 @@
 """What the run's helper listeners bind: the learners' rendezvous store only the address it advertises, the
-SciWorld py4j gateway only with its auth token; and Ray's token authentication is left alone for a job that
-joins a cluster."""
+SciWorld py4j gateway only with its auth token; and Ray's token authentication is set for a local Ray and
+left alone for a job that joins a cluster."""
 from __future__ import annotations
 
 import subprocess
@@ -56,11 +56,11 @@ def test_rendezvous_and_process_group_listen_on_the_advertised_address_only():
     (["ray.address=10.0.0.1:6379"], {}, True),
     ([], {"RAY_ADDRESS": "http://10.0.0.1:8265"}, True),
 ])
-def test_ray_token_auth_is_switched_off_only_for_a_local_ray(argv, environ, joins):
+def test_ray_token_auth_is_set_only_for_a_local_ray(argv, environ, joins):
     assert joins_cluster(argv, environ) == joins
     env = ray_env_defaults(argv, environ)
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
-    assert ("RAY_AUTH_MODE" in env) == (not joins)
+    assert env.get("RAY_AUTH_MODE") == (None if joins else "token")
 
 
 def test_sciworld_gateway_refuses_a_client_without_its_token():

@@ -61,3 +61,20 @@ def test_a_cpu_learner_rank_counts_its_minimal_bundle():
     assert resource_request(cfg) == {"CPU": 0.01, "GPU": 0.0}
     with pytest.raises(SystemExit, match="learner.num_ranks \\* learner.num_cpus_per_rank = 0.01"):
         check_resources(cfg, {"CPU": 0.0})
+
+
+def test_learner_ranks_that_fit_no_single_node_need_allow_insecure_naming_the_keys():
+    """Ranks on several nodes rendezvous through torch's TCPStore and run gloo/NCCL between the nodes, none of
+    it authenticated: without transport.allow_insecure the ranks must fit one node (STRICT_PACK)."""
+    nodes = [{"CPU": 96.0, "GPU": 8.0}, {"CPU": 96.0, "GPU": 8.0}]
+    total = {"CPU": 192.0, "GPU": 16.0}
+    spread = ["learner.num_ranks=12", "learner.num_gpus_per_rank=1", "learner.num_cpus_per_rank=8"]
+    with pytest.raises(SystemExit) as err:
+        check_resources(load_config(None, spread), total, nodes)
+    message = str(err.value)
+    for needle in ("learner.num_ranks = 12", "learner.num_gpus_per_rank = 1", "learner.num_cpus_per_rank = 8",
+                   "fit on no single node", "not authenticated", "transport.allow_insecure=true"):
+        assert needle in message, message
+    check_resources(load_config(None, [*spread, "transport.allow_insecure=true"]), total, nodes)
+    check_resources(load_config(None, ["learner.num_ranks=8", "learner.num_gpus_per_rank=1",
+                                       "learner.num_cpus_per_rank=8"]), total, nodes)  # one node holds them

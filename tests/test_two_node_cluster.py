@@ -1,7 +1,8 @@
 """A real two-node Ray cluster on this machine, and a short run submitted to it with `ray job submit`.
 
 Each Ray node lives in its own network namespace made by this test (a veth pair, 10.213.7.1 <-> 10.213.7.2),
-so the nodes reach each other over addresses of the test's own; nothing leaves the machine. Each node also gets
+so the nodes reach each other over addresses of the test's own; nothing leaves the machine. The cluster runs
+with Ray's token authentication (RAY_AUTH_MODE=token, the token in the environment). Each node also gets
 its own Ray temp dir: two nodes sharing one would unpack the job's working dir over each other. Teardown kills
 exactly the processes inside the two namespaces (never `ray stop`, which would stop every Ray on the machine).
 """
@@ -23,6 +24,7 @@ from tests.training_runs import ROOT, TINY_RECIPE
 pytestmark = pytest.mark.slow
 HEAD_IP, WORKER_IP = "10.213.7.1", "10.213.7.2"
 BIN = Path(sys.executable).parent
+TOKEN = uuid.uuid4().hex * 2
 
 
 def sh(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -31,7 +33,10 @@ def sh(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
 
 def in_ns(ns: str, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update({"PATH": f"{BIN}:{env.get('PATH', '')}", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+    # Both nodes, the CLI and the job's driver check Ray's token (a run refuses to join a Ray without it off
+    # loopback); the token lives in the environment, never in ~/.ray/auth_token.
+    env.update({"PATH": f"{BIN}:{env.get('PATH', '')}", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN,
+                "RAY_USAGE_STATS_ENABLED": "0"})
     return subprocess.run(["ip", "netns", "exec", ns, *args], env=env, capture_output=True, text=True,
                           timeout=timeout, check=check)
 
@@ -142,3 +147,17 @@ def test_auth_off_off_loopback_is_refused_at_start(two_nodes, tiny_model_dir, tm
                 "transport.auth=off", timeout=300, check=False)
     assert job.returncode != 0
     assert "transport.auth" in job.stdout + job.stderr and "allow_insecure" in job.stdout + job.stderr
+
+
+def test_learner_ranks_that_would_span_the_nodes_are_refused_without_allow_insecure(two_nodes, tiny_model_dir,
+                                                                                    tmp_path):
+    """Two ranks of 1.5 CPUs fit the cluster (4 CPUs) but neither node (2 each): their rendezvous would cross
+    the network unauthenticated, so the run refuses at start, naming the keys."""
+    head, _ = two_nodes
+    job = in_ns(head, "ray", "job", "submit", f"--address=http://{HEAD_IP}:8265", "--working-dir", str(ROOT), "--",
+                "python", "-m", "launch.train", "--config", str(TINY_RECIPE.relative_to(ROOT)),
+                f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}", "transport.host=0.0.0.0",
+                "learner.num_ranks=2", "learner.num_cpus_per_rank=1.5", timeout=300, check=False)
+    log = job.stdout + job.stderr
+    assert job.returncode != 0
+    assert "fit on no single node" in log and "learner.num_ranks = 2" in log and "allow_insecure" in log, log[-3000:]
