@@ -15,7 +15,9 @@ With behaviour == proximal the weight is 1 and this is standard clipped PPO (wit
 eps_high > eps_low). `policy_loss="coupled"` is that loss whatever the proximal policy: the behaviour
 logprobs serve as the proximal ones, so the ratio is exp(logp_current - logp_behaviour), clipped around the
 behaviour policy, and there is no importance weight (the off-policy correction switched off, for the
-ablation `python -m launch.ablate offpolicy`; the learner then skips its proximal pass). Optional terms, per token, aggregated the same way: `- entropy_coef * entropy`,
+ablation `python -m launch.ablate offpolicy`; the learner then skips its proximal pass).
+
+Optional terms, per token, aggregated the same way: `- entropy_coef * entropy`,
 `+ kl_coef * KL(current || reference)` by the k1/k2/k3 estimator, and `+ value_coef * clipped value loss`
 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
 

@@ -12,7 +12,8 @@ docs/training.md):
 - raw_score: the env's native figure where it has one (SciWorld's final score, -100 to 100), else the score.
 - turns: agent turns taken. Terminations: why episodes ended (done, horizon, context_limit, env failures).
 Per level, one success and one failure are shown as short transcripts (launch/episodes.py); every episode is
-in episodes.jsonl beside the report. With k samples per item, every sample counts as one episode; pass@k is the fraction of items with a success.
+in episodes.jsonl beside the report.
+With k samples per item, every sample counts as one episode; pass@k is the fraction of items with a success.
 """
 from __future__ import annotations
 
