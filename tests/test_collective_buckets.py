@@ -102,7 +102,7 @@ def start(behaviours: list[str]):
 def stop(pub, procs) -> None:
     pub.close()
     for p in procs:
-        p.join(10)
+        p.join(3)
         if p.is_alive():
             p.kill()
 
@@ -142,7 +142,7 @@ def test_a_replica_that_dies_mid_version_fails_it_by_name_within_the_timeout_eve
         with pytest.raises(WeightsGroupError, match=r"weights version 5: bucket \d+ of \d+") as err:
             pub.publish(5, sent)
         assert time.monotonic() - t0 < TIMEOUT_S + 3, "rank 0 waited past the timeout"
-        print(err.value)
+        assert "weights group rank 0" in str(err.value)
         name, status, message, waited = out.get(timeout=TIMEOUT_S + 10)  # the replica that stayed
         assert (name, status) == ("replica-1", "error"), (name, status, message)
         assert "weights version 5: bucket" in message and waited < TIMEOUT_S + 3
