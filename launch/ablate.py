@@ -1,20 +1,19 @@
-"""`python -m launch.ablate horizon`: the same model on the same items under three turn schedules, at equal
-sampled turns, several seeds each, and a report of how they compare.
+"""`python -m launch.ablate horizon|offpolicy [options] [key=value ...]`: ablations that train the same model on
+the same items under a few variants, several seeds each, and write a report of how they compare.
 
-Variants (algorithm.horizon):
-- `scaling`: ScalingInter-RL, the turn limit growing from `--short` to `--long` in `--stages` stages spread evenly
-  over `--steps` learner steps. It runs first; the turns its trained batches held are the budget of the others.
-- `fixed_short`: `--short` turns throughout; `fixed_long`: `--long` turns throughout. Each trains until its
-  batches have held as many turns as the scaling run of the same seed (`trainer.max_trained_turns`), so every
-  variant learns from the same number of sampled turns (a fixed short horizon takes more steps for it, a fixed
-  long one fewer), capped at `--max-steps-factor` x `--steps` steps.
-Every run evaluates its final policy greedily on the same unseen items of its training levels at the long turn
-limit (`eval.item_set=unseen`, `eval.max_turns=--long`); the first run also evaluates the random policy and the
-untrained model on them. The report (`--report`, Markdown) holds the setup, the final evaluation per variant and
-seed with 95% intervals, the mean and the seed-to-seed range per variant, a plot of success rate and episode
-length against trained turns (`<report stem>.png`), and a reading of the ordering against the seed spread.
-Each run's own output stays in `--runs` (its train.log, metrics.jsonl, eval report); `--reuse` keeps the runs
-already finished there (with the same arguments, an interrupted ablation resumes where it stopped).
+- `horizon` (launch/ablate_horizon.py): fixed short, fixed long and ScalingInter-RL turn schedules, at equal
+  learner steps (the paper's x-axis) by default, the equal-turns view beside it (`--equal turns` trains them
+  to equal sampled turns instead). Report: docs/results/horizon.md.
+- `offpolicy` (launch/ablate_offpolicy.py): decoupled PPO with its off-policy correction against the same loss
+  without it (`algorithm.policy_loss=coupled`) at a high staleness bound, and eta = 0 as the synchronous
+  reference. Report: docs/results/offpolicy.md.
+
+What the two share (this module): every run is a `launch.train` of its own (its output in `--runs/<variant>-s<seed>`:
+train.log, metrics.jsonl, episodes.jsonl, its final evaluation greedy on unseen items of its training levels);
+`--seeds` sets trainer.seed, generator.seed and learner.seed together; the first run also evaluates the random
+policy and the untrained model on those items; `--eval-every N` keeps a checkpoint every N steps and evaluates
+each on the same items after the run (success on unseen items against learner steps and against wall-clock);
+`--reuse` keeps the runs (and evaluations) already finished, so an interrupted ablation resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -23,33 +22,35 @@ import os
 import subprocess
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 from core.metrics import read_jsonl
-from launch.ablate_report import write_report
 
-VARIANTS = ("scaling", "fixed_short", "fixed_long")
-
-
-def stage_schedule(short: int, long: int, stages: int, steps: int) -> tuple[list[int], list[int]]:
-    """(turns, boundaries) of a schedule growing from `short` to `long` in at most `stages` stages over `steps`."""
-    stages = max(1, min(stages, steps, long - short + 1))
-    if stages == 1:
-        return [short], []
-    turns = [round(short + (long - short) * i / (stages - 1)) for i in range(stages)]
-    boundaries = [round(steps * i / stages) for i in range(1, stages)]
-    return turns, boundaries
+USAGE = "usage: python -m launch.ablate horizon|offpolicy [options] [key=value ...] (--help for each)"
 
 
-def variant_overrides(variant: str, args: argparse.Namespace, budget: float) -> list[str]:
-    if variant == "scaling":
-        turns, bounds = stage_schedule(args.short, args.long, args.stages, args.steps)
-        return [f"algorithm.horizon.turns={turns}", f"algorithm.horizon.boundaries={bounds}",
-                f"trainer.total_steps={args.steps}"]
-    turns = args.short if variant == "fixed_short" else args.long
-    return [f"algorithm.horizon.turns=[{turns}]", "algorithm.horizon.boundaries=[]",
-            f"trainer.total_steps={args.steps * args.max_steps_factor}", f"trainer.max_trained_turns={int(budget)}"]
+def common_arguments(p: argparse.ArgumentParser, runs: str, report: str, seeds: list[int]) -> None:
+    p.add_argument("--config", default="configs/default.yaml")
+    p.add_argument("--seeds", type=int, nargs="+", default=seeds,
+                   help="each sets trainer.seed, generator.seed and learner.seed")
+    p.add_argument("--eval-limit", type=int, default=0, help="unseen items to evaluate (eval.limit; 0: 30 per level)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="also evaluate a checkpoint every N steps on the same items, after each run (0: the final "
+                        "policy only)")
+    p.add_argument("--runs", default=runs, help="where each run's folder goes")
+    p.add_argument("--report", default=report)
+    p.add_argument("--reuse", action="store_true",
+                   help="keep every run already finished in --runs (its final evaluation written) instead of "
+                        "training it again: an interrupted ablation resumes where it stopped")
+    p.add_argument("overrides", nargs="*", help="key=value for every run (e.g. env.babyai.levels=[...])")
+
+
+def seed_overrides(seed: int) -> list[str]:
+    return [f"trainer.seed={seed}", f"generator.seed={seed}", f"learner.seed={seed}"]
+
+
+def _say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 def trained_turns(run_dir: Path) -> float:
@@ -60,73 +61,75 @@ def trained_turns(run_dir: Path) -> float:
     return totals[-1]
 
 
-def train(name: str, overrides: list[str], args: argparse.Namespace, first: bool) -> Path:
+def eval_overrides(args: argparse.Namespace, eval_turns: int) -> list[str]:
+    """What every evaluation of the ablation shares: greedy, unseen items of the training levels, one turn limit."""
+    return ["eval.item_set=unseen", f"eval.limit={args.eval_limit}", f"eval.max_turns={eval_turns}",
+            "logging.progress_bar=false"]
+
+
+def _run(cmd: list[str], log_path: Path, what: str) -> None:
+    with open(log_path, "ab") as log:
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+    if code != 0:
+        raise RuntimeError(f"{what}: exited {code}; its output is in {log_path}")
+
+
+def train(name: str, overrides: list[str], args: argparse.Namespace, first: bool, eval_turns: int) -> Path:
+    """Train one variant (and evaluate it at its end, on unseen items at `eval_turns`), unless --reuse finds it
+    finished; then evaluate its kept checkpoints (--eval-every)."""
     run_dir = Path(args.runs) / name
     if args.reuse and (run_dir / "eval" / "eval_report.json").exists():
-        print(f"[{time.strftime('%H:%M:%S')}] {name}: reusing the finished run in {run_dir} "
-              f"({trained_turns(run_dir):.0f} trained turns)", flush=True)
-        return run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "launch.train", "--config", args.config, f"trainer.output_dir={run_dir}",
-           "eval.at_end=true", "eval.item_set=unseen", f"eval.limit={args.eval_limit}", f"eval.max_turns={args.long}",
-           f"eval.baselines={str(first).lower()}", "checkpoint.every_steps=0", "logging.progress_bar=false",
-           *args.overrides, *overrides]
-    started = time.monotonic()
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: training ({' '.join(overrides)})", flush=True)
-    with open(run_dir / "train.log", "ab") as log:
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-                              ).returncode
-    if code != 0:
-        raise RuntimeError(f"{name}: the run exited {code}; its output is in {run_dir / 'train.log'}")
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: done in {(time.monotonic() - started) / 60:.1f} min, "
-          f"{trained_turns(run_dir):.0f} trained turns", flush=True)
+        _say(f"{name}: reusing the finished run in {run_dir} ({trained_turns(run_dir):.0f} trained turns)")
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        every = args.eval_every
+        checkpoints = [f"checkpoint.every_steps={every}", "checkpoint.keep_last=1000"] if every else \
+            ["checkpoint.every_steps=0"]
+        cmd = [sys.executable, "-m", "launch.train", "--config", args.config, f"trainer.output_dir={run_dir}",
+               "eval.at_end=true", f"eval.baselines={str(first).lower()}", *checkpoints,
+               *eval_overrides(args, eval_turns), *args.overrides, *overrides]
+        started = time.monotonic()
+        _say(f"{name}: training ({' '.join(overrides)})")
+        _run(cmd, run_dir / "train.log", f"{name}: the run")
+        _say(f"{name}: done in {(time.monotonic() - started) / 60:.1f} min, {trained_turns(run_dir):.0f} trained turns")
+    if args.eval_every:
+        evaluate_checkpoints(name, run_dir, args, eval_turns)
     return run_dir
 
 
-def horizon(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.ablate horizon", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="configs/default.yaml")
-    p.add_argument("--short", type=int, default=2, help="the fixed short horizon and the first stage's")
-    p.add_argument("--long", type=int, default=6, help="the fixed long horizon, the last stage's and eval's")
-    p.add_argument("--stages", type=int, default=3, help="ScalingInter-RL stages from short to long")
-    p.add_argument("--steps", type=int, default=24, help="learner steps of the ScalingInter-RL run")
-    p.add_argument("--max-steps-factor", type=int, default=4, help="a fixed run's step cap, in --steps")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--eval-limit", type=int, default=0, help="unseen items to evaluate (eval.limit; 0: 30 per level)")
-    p.add_argument("--runs", default="outputs/ablate-horizon", help="where each run's folder goes")
-    p.add_argument("--report", default="docs/results/horizon.md")
-    p.add_argument("--reuse", action="store_true",
-                   help="keep every run already finished in --runs (its final evaluation written) instead of "
-                        "training it again: an interrupted ablation resumes where it stopped")
-    p.add_argument("overrides", nargs="*", help="key=value for every run (e.g. env.babyai.levels=[...])")
-    args = p.parse_args(argv)
-    if not 1 <= args.short < args.long:
-        p.error(f"need 1 <= --short < --long, got {args.short} and {args.long}")
-    started = time.monotonic()
-    runs: dict[str, dict[int, Path]] = {v: {} for v in VARIANTS}
-    first = True
-    for seed in args.seeds:
-        budget = 0.0
-        for variant in VARIANTS:
-            name = f"{variant}-s{seed}"
-            run_dir = train(name, variant_overrides(variant, args, budget) + [f"trainer.seed={seed}"], args, first)
-            first = False
-            runs[variant][seed] = run_dir
-            if variant == "scaling":
-                budget = trained_turns(run_dir)
-    command = "python -m launch.ablate horizon " + " ".join(argv)
-    write_report(Path(args.report), runs, args, command=command, minutes=(time.monotonic() - started) / 60,
-                 today=date.today().isoformat())
-    print(f"report: {args.report}")
-    return 0
+def evaluate_checkpoints(name: str, run_dir: Path, args: argparse.Namespace, eval_turns: int) -> None:
+    """Evaluate every kept checkpoint before the last step (the run's own final evaluation covers that one) into
+    `<run>/curve/step_N/`, skipping those already evaluated."""
+    from core.checkpoint import CheckpointStore
+
+    last = max((r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")), default=0)
+    for path in CheckpointStore(run_dir / "checkpoints").complete():
+        step = int(path.name.split("_")[1].split(".")[0])
+        if step >= last:
+            continue
+        out = run_dir / "curve" / f"step_{step:08d}"
+        if (out / "eval_report.json").exists():
+            continue
+        _say(f"{name}: evaluating its checkpoint of step {step}")
+        cmd = [sys.executable, "-m", "launch.eval", "--config", args.config, "--model", str(path),
+               "--out", str(out), *args.overrides, "eval.baselines=false", *eval_overrides(args, eval_turns)]
+        out.mkdir(parents=True, exist_ok=True)
+        _run(cmd, out / "eval.log", f"{name}: the evaluation of step {step}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] != "horizon":
-        print("usage: python -m launch.ablate horizon [options] [key=value ...]", file=sys.stderr)
+    if not argv or argv[0] not in ("horizon", "offpolicy"):
+        print(USAGE, file=sys.stderr)
         return 2
-    return horizon(argv[1:])
+    if argv[0] == "horizon":
+        from launch.ablate_horizon import horizon
+
+        return horizon(argv[1:])
+    from launch.ablate_offpolicy import offpolicy
+
+    return offpolicy(argv[1:])
 
 
 if __name__ == "__main__":

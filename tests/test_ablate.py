@@ -1,14 +1,15 @@
-"""The horizon ablation: its schedules, its reading of the numbers, and the command end to end on the tiny model
-(each variant trains and evaluates for real; the fixed ones stop at the ScalingInter-RL run's trained turns)."""
+"""The ablations: the horizon schedules, the off-policy variants, their reading of the numbers, and each command
+end to end on the tiny model, one learner step per variant (each variant trains and evaluates for real)."""
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from core.metrics import read_jsonl
-from launch.ablate import stage_schedule
+from launch.ablate_horizon import stage_schedule
 from launch.ablate_report import reading
 from tests.training_runs import ROOT, TINY_RECIPE
 
@@ -38,32 +39,73 @@ def test_the_reading_names_the_ordering_and_whether_the_seeds_separate_it():
     assert "does not hold here" in worse[-2] and "single draw" in worse[-1]
 
 
-def test_the_ablation_command_runs_every_variant_at_equal_turns_and_writes_its_report(tiny_model_dir, tmp_path):
-    report = tmp_path / "results" / "horizon.md"
-    cmd = [sys.executable, "-m", "launch.ablate", "horizon", "--config", str(TINY_RECIPE), "--short", "2",
-           "--long", "3", "--stages", "2", "--steps", "2", "--seeds", "0", "--eval-limit", "1",
-           "--runs", str(tmp_path / "runs"), "--report", str(report),
-           f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "env.slots_per_actor=8"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+def test_the_offpolicy_reading_names_whether_the_correction_helps_beyond_the_seeds():
+    from launch.offpolicy_report import reading as offpolicy_reading
+
+    apart = offpolicy_reading({"decoupled": 0.8, "coupled": 0.5, "sync": 0.7},
+                              {"decoupled": (0.75, 0.85), "coupled": (0.4, 0.6), "sync": (0.6, 0.8)}, 8, 3,
+                              {"decoupled": 2.5, "coupled": 2.4})
+    assert apart[0].startswith("Ordering of the mean final success rate: decoupled (correction on) (0.800) > eta")
+    assert "+0.300; the seeds' ranges do not overlap" in apart[1] and "overlap" in apart[2]
+    assert "at eta = 8" in apart[3] and "holds, with every seed of the decoupled" in apart[3]
+    fresh = offpolicy_reading({"decoupled": 0.5, "coupled": 0.6, "sync": 0.5},
+                              {"decoupled": (0.4, 0.6), "coupled": (0.5, 0.7), "sync": (0.5, 0.5)}, 8, 1,
+                              {"decoupled": 0.4, "coupled": 0.5})
+    assert "does not hold here" in fresh[3] and "less than one version stale" in fresh[4]
+    assert "single draw" in fresh[-1]
+
+
+def test_the_offpolicy_runs_get_enough_slots_for_eta_and_the_staleness_is_read_back(tmp_path):
+    import argparse
+    import json
+
+    from launch.ablate_offpolicy import slots_for, variant_overrides
+    from launch.offpolicy_report import mean_staleness
+
+    args = argparse.Namespace(config="configs/default.yaml", overrides=[], slots=0, eta=8, steps=24)
+    # default: 4 groups of 4 per step; eta 8 -> 9 steps of groups in flight -> 144 episodes, 2 per slot
+    assert slots_for(args) == 72
+    assert slots_for(argparse.Namespace(**{**vars(args), "eta": 1})) == 16  # the config's own, already enough
+    assert variant_overrides("coupled", args, 72) == ["trainer.max_staleness=8", "algorithm.policy_loss=coupled",
+                                                      "trainer.total_steps=24", "env.slots_per_actor=72"]
+    assert variant_overrides("sync", args, 72)[:2] == ["trainer.max_staleness=0", "algorithm.policy_loss=decoupled"]
+    rows = [{"step": 1, "rollout/trained_turns_total": 8, "train/sampled_tokens": 100.0, "train/staleness/0": 1.0},
+            {"step": 2, "rollout/trained_turns_total": 16, "train/sampled_tokens": 300.0, "train/staleness/0": 0.5,
+             "train/staleness/2": 0.25, "train/staleness/8+": 0.25, "train/staleness/ahead": 0.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mean, largest = mean_staleness(tmp_path)
+    assert mean == pytest.approx((300 * (0.25 * 2 + 0.25 * 8)) / 400) and largest == 8
+
+
+def _ablate(kind: str, tiny_model_dir, tmp_path, *options: str) -> tuple[list[str], Path]:
+    report = tmp_path / "results" / f"{kind}.md"
+    cmd = [sys.executable, "-m", "launch.ablate", kind, "--config", str(TINY_RECIPE), "--steps", "1", "--seeds", "0",
+           "--eval-limit", "1", "--runs", str(tmp_path / "runs"), "--report", str(report), *options,
+           f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "env.slots_per_actor=8",
+           "logging.episodes_every=1", "logging.episodes_per_sample=2"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    totals = {}
-    for variant in ("scaling", "fixed_short", "fixed_long"):
-        rows = [r for r in read_jsonl(tmp_path / "runs" / f"{variant}-s0" / "metrics.jsonl")
-                if "rollout/trained_turns_total" in r]
-        assert rows, variant
-        totals[variant] = rows[-1]["rollout/trained_turns_total"]
-        horizons = {r["rollout/horizon"] for r in rows}
-        want = {"scaling": {2.0, 3.0}, "fixed_short": {2.0}, "fixed_long": {3.0}}[variant]
-        assert horizons <= want and (variant == "scaling" or horizons == want), (variant, horizons)
-    # Each fixed run stopped on the first step that reached the scaling run's turns, not later.
-    for variant in ("fixed_short", "fixed_long"):
-        rows = [r for r in read_jsonl(tmp_path / "runs" / f"{variant}-s0" / "metrics.jsonl")
-                if "rollout/trained_turns_total" in r]
-        assert totals[variant] >= totals["scaling"], (variant, totals)
-        assert len(rows) == 1 or rows[-2]["rollout/trained_turns_total"] < totals["scaling"], (variant, rows)
+    return cmd, report
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "rollout/trained_turns_total" in r]
+
+
+def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_report(tiny_model_dir, tmp_path):
+    cmd, report = _ablate("horizon", tiny_model_dir, tmp_path, "--short", "2", "--long", "3", "--stages", "2")
+    for variant, want in (("scaling", {2.0}), ("fixed_short", {2.0}), ("fixed_long", {3.0})):
+        run_dir = tmp_path / "runs" / f"{variant}-s0"
+        rows = _steps(run_dir)
+        assert [r["step"] for r in rows] == [1], variant  # equal learner steps: one each
+        assert {r["rollout/horizon"] for r in rows} == want, variant
+        sample = read_jsonl(run_dir / "episodes.jsonl")  # the training run's transcripts, one sample per step
+        assert 1 <= len(sample) <= 2 and sample[0]["step"] == 1 and sample[0]["turns"], variant
+        assert (run_dir / "eval" / "episodes.jsonl").stat().st_size > 0  # and its evaluation's episodes
     text = report.read_text()
-    for needle in ("| ScalingInter-RL | 0 |", "| fixed short | 0 |", "| fixed long | 0 |", "random policy",
-                   "untrained model", "## Reading", "horizon.png"):
+    for needle in ("at equal learner steps", "| ScalingInter-RL | 0 | 1 |", "| fixed short | 0 | 1 |",
+                   "| fixed long | 0 | 1 |", "random policy", "untrained model", "## Reading", "horizon.png",
+                   "against trained turns"):
         assert needle in text, needle
     assert (report.parent / "horizon.png").stat().st_size > 10_000
     # --reuse: the finished runs are kept, nothing is trained again, and the report is written anew from them.
@@ -71,4 +113,40 @@ def test_the_ablation_command_runs_every_variant_at_equal_turns_and_writes_its_r
     again = subprocess.run(cmd + ["--reuse"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("reusing the finished run") == 3 and "training (" not in again.stdout
-    assert report.read_text().split("## Reading")[0].count("| 0 |") == text.split("## Reading")[0].count("| 0 |")
+    tables = lambda page: [line for line in page.split("## Reading")[0].splitlines() if line.startswith("|")]  # noqa
+    assert tables(report.read_text()) == tables(text)
+
+
+def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_model_dir, tmp_path):
+    _, report = _ablate("offpolicy", tiny_model_dir, tmp_path, "--eta", "2", "--eval-every", "1")
+    metrics = {v: _steps(tmp_path / "runs" / f"{v}-s0") for v in ("decoupled", "coupled", "sync")}
+    assert all([r["step"] for r in rows] == [1] for rows in metrics.values()), metrics
+    coupled = metrics["coupled"][0]  # no importance weight at all: exactly 1, nothing truncated
+    assert coupled["train/is_weight_mean"] == 1.0 and coupled["train/is_weight_max"] == 1.0
+    assert coupled["train/truncated_frac"] == 0.0
+    text = report.read_text()
+    for needle in ("at eta = 2", "| decoupled (correction on) | 0 | 1 |", "| coupled (correction off) | 0 | 1 |",
+                   "| eta = 0 (sync) | 0 | 1 |", "random policy", "untrained model", "## Reading",
+                   "offpolicy.png", "trainer.max_staleness=2"):
+        assert needle in text, needle
+    assert (report.parent / "offpolicy.png").stat().st_size > 10_000
+    # --eval-every: a checkpoint before the run's last step is evaluated on the same items into curve/step_N (here
+    # the run's metrics are made to go on past its one checkpoint, so that it counts as an earlier one).
+    import argparse
+    import json
+
+    from launch.ablate import evaluate_checkpoints
+    from launch.ablate_report import unseen_curve
+
+    run_dir = tmp_path / "runs" / "decoupled-s0"
+    assert (run_dir / "checkpoints" / "step_00000001").is_dir() and not (run_dir / "curve").exists()
+    later = {**metrics["decoupled"][0], "step": 2, "perf/step_seconds": 5.0}
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(later) + "\n")
+    args = argparse.Namespace(config=str(TINY_RECIPE), eval_limit=1, overrides=[f"model.path={tiny_model_dir}",
+                              "logging.wandb_mode=disabled", "env.slots_per_actor=8"])
+    evaluate_checkpoints("decoupled-s0", run_dir, args, eval_turns=2)
+    curve = unseen_curve(run_dir)
+    assert [step for step, _, _ in curve] == [1, 2] and curve[0][2]["episodes"] == 1
+    assert curve[1][1] == pytest.approx(curve[0][1] + 5.0)  # wall-clock: the steps' own seconds, summed
+    assert json.loads((run_dir / "curve" / "step_00000001" / "eval_report.json").read_text())["item_set"] == "unseen"
