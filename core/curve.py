@@ -8,13 +8,19 @@ What must hold:
   client can neither send nor receive a single message. Traffic is encrypted (CurveZMQ).
 - Every message a CURVE server receives carries the name the ZAP handler gave its client's key (the frame's
   `User-Id` property): receivers use it, not anything the peer says about itself, to know who sent it.
-- The ZAP handler never dies of a malformed request: it answers 400 and goes on.
+- The same handler admits the PLAIN handshakes of core.admission (transport.cipher=aes-gcm): per listener (its
+  ZAP domain), a client key is admitted only with the token made from it and the listener's key (compared in
+  constant time), and named by the name the key was issued under, like a CURVE client.
+- The ZAP handler never dies of a malformed request: it answers 400 and goes on. Refusals are counted by reason
+  and logged at most once every `LOG_EVERY_S` (a peer reconnecting in a loop cannot flood the log).
 """
 from __future__ import annotations
 
 import collections
+import hmac
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 import zmq
@@ -24,6 +30,7 @@ log = logging.getLogger("agentgym.curve")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP protocol (ZeroMQ RFC 27)
 ZAP_DOMAIN = b"agentgym"
+LOG_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,9 @@ class ZapHandler:
     def __init__(self, ctx: zmq.Context):
         self.ctx = ctx
         self._clients: dict[bytes, str] = {}
+        self._plain: dict[bytes, dict[bytes, tuple[str, bytes]]] = {}  # domain -> user name -> (name, token)
+        self._logged_at = -1e18
+        self._unlogged = 0
         self.refused: collections.Counter[str] = collections.Counter()
         self.admitted = 0
         self._stop = threading.Event()
@@ -98,6 +108,20 @@ class ZapHandler:
         """Admit these client public keys (Z85) under their names."""
         for public, name in clients.items():
             self._clients[z85.decode(public)] = name
+
+    def admit_plain(self, domain: bytes, clients: dict[bytes, tuple[str, bytes]]) -> None:
+        """Admit PLAIN handshakes on listeners of `domain`: user name (a public key, Z85) -> (name, token)."""
+        self._plain.setdefault(domain, {}).update(clients)
+
+    def _refuse(self, reason: str, message: str, *args) -> None:
+        self.refused[reason] += 1
+        now = time.monotonic()
+        if now - self._logged_at < LOG_EVERY_S:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more refusals since the last report)" if self._unlogged else ""
+        log.warning(message + more, *args)
+        self._logged_at, self._unlogged = now, 0
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -124,18 +148,36 @@ class ZapHandler:
         def reply(code: bytes, text: bytes, user: bytes = b"") -> list[bytes]:
             return [b"1.0", request_id, code, text, user, b""]
 
+        peer = address.decode(errors="replace")
+        if mechanism == b"PLAIN" and domain in self._plain and len(credentials) == 2:
+            return self._answer_plain(self._plain[domain], credentials, peer, reply)
         if mechanism != b"CURVE" or domain != ZAP_DOMAIN or len(credentials) != 1:
-            self.refused["mechanism"] += 1
-            log.warning("refused a %s connection from %s (domain %r)", mechanism.decode(errors="replace"),
-                        address.decode(errors="replace"), domain)
-            return reply(b"400", b"CURVE with the run's keys is required")
+            self._refuse("mechanism", "refused a %s connection from %s (domain %r)",
+                         mechanism.decode(errors="replace"), peer, domain[:64])
+            return reply(b"400", b"the run's keys are required")
         name = self._clients.get(credentials[0])
         if name is None:
-            self.refused["unknown_key"] += 1
             # A relay predecessor can also land here once, when its link races its admission (it is retried).
-            log.warning("refused a connection from %s: its CURVE key is not admitted here (not one of this run's, "
-                        "or a relay predecessor not yet named)", address.decode(errors="replace"))
+            self._refuse("unknown_key", "refused a connection from %s: its CURVE key is not admitted here (not one "
+                         "of this run's, or a relay predecessor not yet named)", peer)
             return reply(b"400", b"unknown client key")
+        self.admitted += 1
+        return reply(b"200", b"OK", name.encode())
+
+    def _answer_plain(self, clients: dict, credentials: list[bytes], peer: str, reply) -> list[bytes]:
+        """A core.admission handshake: the user name is the client's public key, the password its token."""
+        user, password = credentials
+        known = clients.get(user)
+        if known is None:
+            # A relay predecessor can also land here once, when its link races its admission (it is retried).
+            self._refuse("unknown_key", "refused a connection from %s: its key is not admitted here (not one of "
+                         "this run's, or a relay predecessor not yet named)", peer)
+            return reply(b"400", b"unknown client key")
+        name, expected = known
+        if not hmac.compare_digest(password, expected):
+            self._refuse("bad_token", "refused a connection from %s: it claims %s's key without its token",
+                         peer, name)
+            return reply(b"400", b"bad admission token")
         self.admitted += 1
         return reply(b"200", b"OK", name.encode())
 
@@ -153,12 +195,18 @@ def serve_curve(sock: zmq.Socket, ctx: zmq.Context, server: CurveServer) -> ZapH
     """Make `sock` (not yet bound) a CURVE server admitting `server.clients`; returns the context's handler."""
     if not curve_available():
         raise RuntimeError("this pyzmq's libzmq was built without CURVE; transport.auth=curve cannot work")
+    handler = handler_for(ctx)
+    handler.admit(server.clients)
+    server.apply(sock)
+    return handler
+
+
+def handler_for(ctx: zmq.Context) -> ZapHandler:
+    """The ZAP handler of `ctx`, started on first use."""
     with _handlers_lock:
         handler = _handlers.get(id(ctx))
         if handler is None or handler.ctx is not ctx or handler._stop.is_set():
             handler = _handlers[id(ctx)] = ZapHandler(ctx)
-    handler.admit(server.clients)
-    server.apply(sock)
     return handler
 
 

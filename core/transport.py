@@ -10,13 +10,23 @@ What must hold:
   sender (`stats.dropped_by_sender`, by reason in `stats.dropped_by_reason`) and logged at most once per sender
   every `log_every_s`; `recv` never raises for a peer's bytes.
 - No message larger than a valid one can be (`WireLimits.max_message_bytes`, all frames together) reaches the
-  decoder: ZeroMQ cuts any single frame over that size (dropping the connection), and the receiver drops a
-  message whose frames add up to more, or that has more frames than a record.
+  decoder: ZeroMQ cuts any single frame over the largest a valid frame can be (`frame_cap`, dropping the
+  connection), and the receiver drops a message whose frames add up to more, or that has more frames than a
+  record. A cap per frame is not a cap per message (ZeroMQ holds a multipart message whole before `recv`), so
+  without the run's keys (auth off: loopback only) a local process can still make the receiver hold one
+  unfinished message of any size; with them, no unadmitted peer gets that far (next point).
 - With the run's CURVE keys (`core.curve`), only the run's clients deliver anything over TCP, encrypted, and the
   sender of each message is the name its key was issued under, not the routing id it chose. Cipher `aes-gcm`
   (default): every message is sealed by the sender and opened by the receiver (`core.seal`); one that does not
   open is dropped before the decoder and counted in `auth_refused` (not among the bad messages of the run's own
-  senders). Cipher `curvezmq`: ZeroMQ's CURVE handshake refuses other clients before any message.
+  senders); and before any message, the connection must pass core.admission's handshake (a token only the
+  holder of a client key can make), so a peer without the run's keys makes the receiver hold at most one
+  handshake frame (<= `frame_cap`) for at most `core.admission.HANDSHAKE_MS`, and delivers nothing. Cipher
+  `curvezmq`: ZeroMQ's CURVE handshake refuses other clients before any message.
+- A routing id cannot be squatted: each sender's id is its name plus 64 random bits (fixed per socket, so its
+  reconnects keep it), and the receiver hands an id over to the newest connection that presents it
+  (ZMQ_ROUTER_HANDOVER), so neither an outsider who took a pool's name first nor a pool's own stale connection
+  can make the pool's trajectories vanish. Under the run's keys the sender's name is its key's in any case.
 - Same-node fast path: the receiver also binds an `ipc://` socket (a Unix socket in a directory only its own
   user may enter, named after this kernel's boot id and network namespace) and advertises `endpoints`, TCP
   first. A sender takes the `ipc://` one only where that socket exists under the same kernel and network
@@ -40,14 +50,22 @@ from typing import Iterator
 import zmq
 
 from core.codec import ARRAY_FIELDS, WireLimits, decode, encode
+from core.admission import apply_admission, serve_admission
 from core.curve import CurveClient, CurveServer, peer_name, release_handler, serve_curve
-from core.seal import Opener, Sealer, SealError, overhead
+from core.seal import TAG_BYTES, Opener, Sealer, SealError
 from core.trajectory import Trajectory, WireError
 
 log = logging.getLogger("agentgym.transport")
 
 LOOPBACK = "127.0.0.1"
 MAX_TRACKED_SENDERS = 1024  # per-sender counters beyond this many senders are pooled under "other"
+ID_SEPARATOR = "#"  # a sender's routing id: its name, this, 16 random hex digits
+
+
+def frame_cap(limits: WireLimits) -> int:
+    """The largest a single frame of a valid (or sealed) trajectory message can be: the header or one array."""
+    largest_array = limits.max_tokens * max(dtype.itemsize for _, dtype in ARRAY_FIELDS)
+    return max(limits.max_header_bytes, largest_array) + TAG_BYTES
 
 
 def is_loopback(host: str) -> bool:
@@ -170,8 +188,10 @@ class TrajectoryReceiver:
         self._frames = 2 + len(ARRAY_FIELDS)  # routing id, header, arrays
         sealed = curve is not None and curve.cipher == "aes-gcm"
         self._opener = Opener(curve, b"trajectory") if sealed else None
-        self._sock = self._router(hwm, overhead(self._frames - 1) if sealed else 0)
+        self._sock = self._router(hwm)
         self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None and not sealed else None
+        if sealed:  # nothing of an unadmitted peer's beyond one handshake frame (core.admission)
+            self.zap = serve_admission(self._sock, self._ctx, curve, frame_cap(limits))
         self.endpoint = bind_endpoint(self._sock, host, port)
         self.endpoints = self.endpoint
         self._ipc_dir = local_ipc_dir() if same_node else None
@@ -188,12 +208,13 @@ class TrajectoryReceiver:
         self._refusals = DropLog("unauthenticated trajectory message (not sealed with the run's keys)", log)
         self._received = 0
 
-    def _router(self, hwm: int, seal_bytes: int = 0) -> zmq.Socket:
+    def _router(self, hwm: int) -> zmq.Socket:
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # an id goes to its newest connection (see the docstring)
         # ZeroMQ drops the connection of a peer that sends any frame over this before buffering it.
-        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + seal_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, frame_cap(self.limits))
         return sock
 
     @property
@@ -203,10 +224,9 @@ class TrajectoryReceiver:
 
     @property
     def auth_refused(self) -> int:
-        """Clients refused for want of the run's keys: handshakes (curvezmq) or messages (aes-gcm)."""
-        if self._opener is not None:
-            return sum(self._opener.refused.values())
-        return sum(self.zap.refused.values()) if self.zap is not None else 0
+        """Clients refused for want of the run's keys: handshakes, and with aes-gcm messages."""
+        refused = sum(self._opener.refused.values()) if self._opener is not None else 0
+        return refused + (sum(self.zap.refused.values()) if self.zap is not None else 0)
 
     def recv(self, timeout_ms: int | None = None) -> Trajectory | None:
         """Return the next valid trajectory, or None when `timeout_ms` passes with none (None waits forever).
@@ -214,7 +234,8 @@ class TrajectoryReceiver:
         Bad messages are dropped and counted on the way; they never raise here.
         """
         for sock, parts in messages(self._poller, timeout_ms):
-            sender = peer_name(parts[-1]) or bytes(parts[0].buffer)[:64].decode("utf-8", "replace")
+            sender = peer_name(parts[-1]) or \
+                bytes(parts[0].buffer)[:160].decode("utf-8", "replace").rsplit(ID_SEPARATOR, 1)[0][:64]
             body = [p.buffer for p in parts[1:]]
             if self._opener is not None and sock is self._sock:  # TCP under the run's keys: sealed
                 try:
@@ -272,7 +293,9 @@ class TrajectorySender:
         self._ctx = ctx or zmq.Context()
         self.name = name or f"sender-{uuid.uuid4().hex[:8]}"
         self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.ROUTING_ID, self.name.encode())
+        # Unguessable, so nobody can take it first (see the module docstring); the receiver strips the suffix.
+        self.routing_id = f"{self.name[:128]}{ID_SEPARATOR}{os.urandom(8).hex()}".encode()
+        self._sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 5000)
         self.endpoint = pick_endpoint(endpoint)
@@ -280,6 +303,8 @@ class TrajectorySender:
         self._sealer = Sealer(curve, b"trajectory") if remote and curve.cipher == "aes-gcm" else None
         if remote and self._sealer is None:
             curve.apply(self._sock)
+        elif self._sealer is not None:
+            apply_admission(self._sock, curve)
         self._sock.connect(self.endpoint)
         self.sent = 0
 

@@ -19,12 +19,16 @@ bytes and never interprets them, so core needs no torch. A subscriber exposes a 
 byte of every tensor has arrived; a version that is superseded mid-transfer is discarded.
 
 Under the run's keys every message above is sealed over plain TCP (transport.cipher=aes-gcm, core.weights_seal:
-chunks once, under a key the publisher sends each subscriber in a "K" message after its hello) or the sockets
-use CurveZMQ (`curvezmq`).
+chunks once, under a key the publisher sends each subscriber in a "K" message after its hello), and every
+connection first passes core.admission's handshake (a token only a holder of a subscriber key can make), so an
+outsider makes the publisher hold at most one handshake frame of `MAX_CONTROL_BYTES` and delivers nothing; or
+the sockets use CurveZMQ (`curvezmq`). Without keys (auth off, loopback only) frames are capped at
+`MAX_CONTROL_BYTES`, but a local process can still send one unfinished multipart message of any size.
 """
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -32,6 +36,7 @@ from typing import Iterable, Iterator
 import msgpack
 import zmq
 
+from core.admission import serve_admission
 from core.curve import CurveServer, peer_name, release_handler, serve_curve
 from core.seal import SealError
 from core.trajectory import WireError
@@ -40,6 +45,11 @@ from core.weights_control import MAX_CONTROL_BYTES, Progress, control, endpoint_
 from core.weights_seal import PublisherSeal, SealedChunks
 
 log = logging.getLogger("agentgym.weights")
+
+POLL_BUDGET = 256  # control messages handled per `poll` call at most: a flood cannot keep `poll` from returning
+ROUND_BUDGET = 4  # ... and per send round of a publish, so a flood costs a publish a few messages per round
+PACE_S = 0.0005  # a send round that found that many waiting lasts at least this long (`_paced_poll`)
+CONNECTION_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 
 
 @dataclass
@@ -61,6 +71,20 @@ class WeightSet:
     @property
     def nbytes(self) -> int:
         return sum(len(t.data) for t in self.tensors.values())
+
+
+def parse_event(message: list[bytes]) -> tuple[int, int]:
+    """(event, value) of a ZeroMQ socket-monitor message (the value of a connection's event is its fd)."""
+    event, value = struct.unpack("=HI", message[0][:6])
+    return event, value
+
+
+def srcfd(frame: zmq.Frame) -> int:
+    """The fd of the connection a frame came on (-1 where unknown)."""
+    try:
+        return frame.get(zmq.SRCFD)
+    except (zmq.ZMQError, AttributeError):
+        return -1
 
 
 def byte_view(data) -> memoryview:
@@ -110,6 +134,13 @@ class WeightPublisher:
       name must be the one its key was issued under, without CURVE it must be one of `expected` (when given).
       Acks count only from the connection that said hello under that name.
     - A malformed control message is dropped and counted (`drops`); nothing a peer sends raises here.
+    - A flood on one connection cannot stall a publish: `poll` handles at most `POLL_BUDGET` messages per call,
+      and a publish at most `ROUND_BUDGET` per send round (ZeroMQ's ROUTER takes them from its connections in
+      turn, so the subscribers' own messages still come through).
+    - Without keys (auth off, loopback), a hello under the name of a subscriber whose connection is still open
+      is refused, counted in `drops` (reason "name") and logged: another local process cannot displace a live
+      subscriber; a restarted one (its old connection closed) takes its place. With keys, the name is the
+      key's, and a new connection under the same key replaces the old (the same holder, restarted).
     - A subscriber that stops reading cannot stall the others: each peer is fed as far as its queue allows,
       and one that takes no chunk for `stall_timeout_s` is skipped for the rest of that version, named in
       the log and in `stalled[version]`. With `fanout="relay"` the same holds of a chain member that dies or
@@ -134,11 +165,19 @@ class WeightPublisher:
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
-        # transport.cipher: aes-gcm seals every message in this thread (core.weights_seal) over plain TCP;
-        # curvezmq has ZeroMQ encrypt, and its ZAP handler name each peer.
+        # transport.cipher: aes-gcm seals every message in this thread (core.weights_seal) over plain TCP, behind
+        # core.admission's handshake; curvezmq has ZeroMQ encrypt. Either way the ZAP handler names each peer.
         sealed = curve is not None and curve.cipher == "aes-gcm"
         self.seal = PublisherSeal(curve, MAX_CONTROL_BYTES) if sealed else None
         self.zap = serve_curve(self._sock, self._ctx, curve) if curve is not None and not sealed else None
+        if sealed:
+            self.zap = serve_admission(self._sock, self._ctx, curve, MAX_CONTROL_BYTES)
+        # Without keys: which connection each hello came on, and which are still open (see `_alive`).
+        self._monitor = self._sock.get_monitor_socket(CONNECTION_EVENTS) if curve is None else None
+        self._open: dict[int, int] = {}  # fd -> serial number of the connection now on it
+        self._serials = 0
+        self._connection_of: dict[bytes, tuple[int, int]] = {}  # routing id -> (fd, serial) of its hello
+        self._hello_fd = -1  # the fd of the message being handled
         self.refusals = DropLog("unauthenticated weights message (not sealed with the run's keys)", log)
         self._keys_owed: dict[bytes, str] = {}  # routing id -> subscriber whose chunk key is still to be sent
         self.endpoint = bind_endpoint(self._sock, host, port)
@@ -149,7 +188,8 @@ class WeightPublisher:
         if fanout not in ("star", "relay"):
             raise ValueError(f"fanout must be star or relay, got {fanout!r}")
         self.fanout = fanout
-        # Relay sockets use CURVE only with curvezmq (sealed chunks are forwarded as they are): their keys.
+        # Relay sockets admit by key (CURVE with curvezmq, core.admission with aes-gcm; sealed chunks are
+        # forwarded as they are): their keys.
         self.keys = {name: public.decode() for public, name in curve.clients.items()} if self.zap is not None else {}
         self.relays: dict[str, str] = {}  # subscriber name -> its forwarding endpoint (relay subscribers)
         self.progress: dict[str, Progress] = {}
@@ -206,9 +246,17 @@ class WeightPublisher:
         if not self.authenticated and self.expected is not None and name not in self.expected:
             raise WireError("name", f"{name!r:.40} is not a subscriber of this run")
         relay = endpoint_field(body, "relay") if "relay" in body else ""
+        if not self.authenticated:
+            self._connection_of[routing] = self._connection(routing)
+            live = [old for old, known in self.peers.items() if known == name and old != routing and self._alive(old)]
+            if live:
+                self._connection_of.pop(routing, None)
+                raise WireError("name", f"{name!r:.40} said hello on a second connection while its first is still "
+                                        "open (refused: without keys a name cannot be taken over)")
         for old, known in list(self.peers.items()):  # a reconnecting subscriber replaces its old connection
             if known == name and old != routing:
                 del self.peers[old]
+                self._connection_of.pop(old, None)
                 self._missed(name)
         self.peers[routing] = name
         self.relays[name] = relay
@@ -225,6 +273,27 @@ class WeightPublisher:
                 self.send_to(routing, name, [b"M", msgpack.packb(self.shelf.offer())])
             except zmq.ZMQError:  # a full queue: this subscriber is served over TCP
                 pass
+
+    def _connection(self, routing: bytes) -> tuple[int, int]:
+        """(fd, serial) of the connection a hello from `routing` came on (call while handling it)."""
+        self._track_connections()
+        fd = self._hello_fd
+        return fd, self._open.get(fd, -1)
+
+    def _track_connections(self) -> None:
+        while self._monitor is not None and self._monitor.poll(0):
+            event, fd = parse_event(self._monitor.recv_multipart())
+            if event == zmq.EVENT_ACCEPTED:
+                self._serials += 1
+                self._open[fd] = self._serials
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._open.pop(fd, None)
+
+    def _alive(self, routing: bytes) -> bool:
+        """Whether the connection `routing` said hello on is still open (an fd reused since counts as closed)."""
+        self._track_connections()
+        fd, serial = self._connection_of.get(routing, (-1, -1))
+        return serial >= 0 and self._open.get(fd) == serial
 
     def _missed(self, name: str) -> None:
         """A subscriber that connected anew (a restarted process) holds none of the versions published before:
@@ -253,9 +322,8 @@ class WeightPublisher:
     @property
     def auth_refused(self) -> int:
         """Messages or handshakes refused for want of the run's keys."""
-        if self.seal is not None:
-            return sum(self.seal.refused.values())
-        return sum(self.zap.refused.values()) if self.zap is not None else 0
+        refused = sum(self.seal.refused.values()) if self.seal is not None else 0
+        return refused + (sum(self.zap.refused.values()) if self.zap is not None else 0)
 
     def _registered(self, routing: bytes, user: str, what: str) -> str:
         name = self.peers.get(routing)
@@ -283,13 +351,29 @@ class WeightPublisher:
         name = self._registered(routing, user, "progress")
         self.progress[name] = parse_progress(body)
 
-    def poll(self, timeout_ms: int = 0) -> None:
-        """Process pending hellos and acks."""
+    def poll(self, timeout_ms: int = 0, budget: int = POLL_BUDGET) -> int:
+        """Process pending hellos and acks: up to `budget` messages, waiting up to `timeout_ms` for the first.
+        Returns how many it handled."""
         if self._keys_owed:
             self._send_keys()
-        while self._sock.poll(timeout_ms):
-            self._handle(self._sock.recv_multipart(copy=False))
+        handled = 0
+        while handled < budget and self._sock.poll(timeout_ms):
+            parts = self._sock.recv_multipart(copy=False)
+            if self._monitor is not None:
+                self._hello_fd = srcfd(parts[-1])
+            self._handle(parts)
             timeout_ms = 0
+            handled += 1
+        return handled
+
+    def _paced_poll(self, timeout_ms: int) -> None:
+        """A few control messages, then, where more are waiting (a flood), a pause as long as a quiet socket's
+        wait: a flood can neither take this thread's time nor keep it from waiting for the subscribers."""
+        start = time.monotonic()
+        if self.poll(timeout_ms, ROUND_BUDGET) >= ROUND_BUDGET:
+            left = PACE_S - (time.monotonic() - start)
+            if left > 0:
+                time.sleep(left)
 
     def wait_for_peers(self, n: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -306,7 +390,7 @@ class WeightPublisher:
         Each peer's queue is bounded by `hwm` chunks, so memory stays bounded; a peer whose queue stays full
         for `stall_timeout_s` is skipped for this version (see the class docstring).
         """
-        self.poll(0)
+        self.poll(0, ROUND_BUDGET + 2 * len(self.peers))  # hellos waiting (a flood takes its turn only)
         if not self.peers:
             log.warning("weights publisher: version %d has no subscribers", version)
         self.published = max(self.published, version)
@@ -397,7 +481,8 @@ class WeightPublisher:
                     log.warning("weights publisher: %s took no chunk of version %d for %.1f s; skipping it "
                                 "for this version (%d of %d chunks sent)", name, version, idle, i, len(messages))
                     del cursor[peer]
-            self.poll(0 if moved else 1)  # acks and hellos keep flowing; a short wait when nobody moved
+            # acks and hellos keep flowing, a few per round; a short wait when nobody moved
+            self._paced_poll(0 if moved else 1)
 
     def wait_acks(self, version: int, timeout_s: float, excused: Iterable[str] = ()) -> dict[str, tuple[bool, str]]:
         """Wait until every registered peer acked `version`; returns {peer name: (ok, error)}.
@@ -419,11 +504,14 @@ class WeightPublisher:
                 return got
             if time.monotonic() > deadline:
                 raise TimeoutError(f"weights version {version}: no ack from {', '.join(sorted(missing))}")
-            self.poll(50)
+            self._paced_poll(50)  # the answers are checked every few messages, flood or not
 
     def close(self, linger_ms: int = 0) -> None:
         if self.shelf is not None:
             self.shelf.close()
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(0)
         self._sock.close(linger_ms)
         if self._own_ctx:
             release_handler(self._ctx)

@@ -2,10 +2,13 @@
 accepted chunks out of, to the successor the publisher named (core.weights_relay has the chain protocol).
 
 What must hold:
-- The inbound socket is a server: with CURVE it uses this subscriber's own key pair and admits only the keys the
-  publisher named as this subscriber's predecessors (all of them keys the run issued to its subscribers), so an
-  outsider cannot push a single chunk into the chain. Without CURVE it is bound where the publisher is (loopback,
-  or a network the run was told to trust).
+- The inbound socket is a server: under the run's keys it uses this subscriber's own key pair and admits only
+  the keys the publisher named as this subscriber's predecessors (all of them keys the run issued to its
+  subscribers), so an outsider cannot push a single chunk into the chain. With cipher curvezmq by CURVE; with
+  aes-gcm by core.admission's handshake (a token only the predecessor's key can make), before any message: an
+  outsider makes it hold at most one handshake frame (<= `max_chunk_bytes`) for at most
+  `core.admission.HANDSHAKE_MS`. Without keys it is bound where the publisher is (loopback, or a network the run
+  was told to trust), with frames capped at `max_chunk_bytes` but not messages.
 - Forwarding never holds more than about `hwm` chunks per direction (32: deep enough that a pipeline of
   processes sharing cores does not stall at every scheduling hiccup). Frames go out zero-copy (the received
   frames themselves); when the successor's queue is full they wait in `pending`, and the subscriber reads no
@@ -17,7 +20,7 @@ What must hold:
   arrive in either order), and libzmq never reconnects after a refused CURVE handshake. So the outbound socket
   takes chunks only over a completed handshake (ZMQ_IMMEDIATE: nothing is queued into a connection that auth
   may still refuse, so nothing is lost to it), and a refused handshake is tried again every `RETRY_S` until the
-  successor admits the key or the stall timeout drops it.
+  successor admits the key or the stall timeout drops it. The same holds of core.admission's handshake.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from core.admission import admit_clients, apply_admission, serve_admission
 from core.curve import CurveClient, CurveServer, KeyPair, serve_curve
 from core.transport import bind_endpoint
 
@@ -40,13 +44,19 @@ OUT_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT
 
 class Forwarder:
     def __init__(self, ctx: zmq.Context, name: str, host: str, keys: KeyPair | None, max_chunk_bytes: int,
-                 hwm: int = 32, advertise: str = ""):
+                 hwm: int = 32, advertise: str = "", cipher: str = "curvezmq"):
+        """`keys`: this subscriber's key pair (None: no keys, no auth); `cipher`: the run's transport.cipher."""
         self._ctx, self.name, self.keys, self.hwm = ctx, name, keys, hwm
+        self.cipher = cipher
         self.inbound = ctx.socket(zmq.ROUTER)
         self.inbound.setsockopt(zmq.RCVHWM, hwm)
         self.inbound.setsockopt(zmq.LINGER, 0)
         self.inbound.setsockopt(zmq.MAXMSGSIZE, max_chunk_bytes)
-        self.zap = serve_curve(self.inbound, ctx, CurveServer(keys, {})) if keys is not None else None
+        self.zap = None
+        if keys is not None and cipher == "aes-gcm":  # admitted by token; the chunks themselves come sealed
+            self.zap = serve_admission(self.inbound, ctx, CurveServer(keys, {}, cipher), max_chunk_bytes)
+        elif keys is not None:
+            self.zap = serve_curve(self.inbound, ctx, CurveServer(keys, {}))
         bound = bind_endpoint(self.inbound, host)
         # A wildcard bind is advertised under the address given (the node's own), so that others can connect.
         self.endpoint = bound.replace("0.0.0.0", advertise) if advertise else bound
@@ -65,7 +75,11 @@ class Forwarder:
     def admit(self, public_key: str) -> None:
         """Admit a predecessor's key (Z85), named by the publisher."""
         if self.zap is not None and public_key:
-            self.zap.admit({public_key.encode(): f"{self.name}-predecessor"})
+            clients = {public_key.encode(): f"{self.name}-predecessor"}
+            if self.cipher == "aes-gcm":
+                admit_clients(self.zap, CurveServer(self.keys, clients, self.cipher))
+            else:
+                self.zap.admit(clients)
 
     def link(self, endpoint: str, server_key: str, stall_timeout_s: float) -> None:
         """Forward to `endpoint` from now on ("" : to nobody). Chunks queued for an old successor are dropped."""
@@ -88,7 +102,9 @@ class Forwarder:
         self.out.setsockopt(zmq.SNDHWM, self.hwm)
         self.out.setsockopt(zmq.LINGER, 0)
         self.out.setsockopt(zmq.IMMEDIATE, 1)
-        if self.keys is not None:
+        if self.keys is not None and self.cipher == "aes-gcm":
+            apply_admission(self.out, CurveClient(self._next_key.encode(), self.keys, self.cipher))
+        elif self.keys is not None:
             CurveClient(self._next_key.encode(), self.keys).apply(self.out)
         self._monitor = self.out.get_monitor_socket(OUT_EVENTS)
         self._handshaken = False

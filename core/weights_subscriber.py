@@ -28,6 +28,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from core.admission import apply_admission
 from core.curve import CurveClient, release_handler
 from core.seal import SealError
 from core.trajectory import WireError
@@ -78,10 +79,13 @@ class WeightSubscriber:
         curve_sockets = curve is not None and self.seal is None
         if curve_sockets:
             curve.apply(self._sock)
+        elif self.seal is not None:  # the admission handshake before any message (core.admission)
+            apply_admission(self._sock, curve)
         self.relay: Forwarder | None = None
         if relay_host is not None:
-            self.relay = Forwarder(self._ctx, self.name, relay_host, curve.keys if curve_sockets else None,
-                                   max(max_chunk_bytes, MAX_CONTROL_BYTES), advertise=relay_advertise)
+            self.relay = Forwarder(self._ctx, self.name, relay_host, curve.keys if curve is not None else None,
+                                   max(max_chunk_bytes, MAX_CONTROL_BYTES), advertise=relay_advertise,
+                                   cipher=curve.cipher if curve is not None else "curvezmq")
         self._sock.connect(endpoint)
         hello = {"name": self.name, **({"relay": self.relay.endpoint} if self.relay is not None else {}),
                  **({"shm": True} if shm else {})}

@@ -15,7 +15,7 @@ import zmq
 from core.advantages import compute_advantages, steps_of
 from core.codec import WireLimits, decode
 from core.trajectory import WireError
-from core.transport import TrajectoryReceiver, TrajectorySender
+from core.transport import TrajectoryReceiver, TrajectorySender, frame_cap
 from core.weights_assembly import MAX_VERSION
 from core.weights_channel import TensorBytes, WeightPublisher
 from core.weights_subscriber import WeightSubscriber
@@ -80,9 +80,10 @@ def test_receiver_thread_survives_hostile_messages_and_whole_message_cap():
         bad.send_frames(trajectory_frames(rng), timeout_ms=30_000)
         if i % 100 == 0:
             good.send(make_trajectory(num_tokens=50, trajectory_id=f"good-{i}"), timeout_ms=30_000)
-    # Every frame under the cap, all of them together far over it: never reaches the decoder.
+    # Every frame under the cap (the largest a valid frame can be), all of them together far over the whole
+    # message's: never reaches the decoder.
     cap = rx.max_message_bytes
-    piece = b"\x00" * (cap // 3)
+    piece = b"\x00" * min(cap // 3, frame_cap(LIMITS))
     bad.send_frames([piece] * 5, timeout_ms=30_000)
     bad.send_frames([piece] * 7, timeout_ms=30_000)
     # The receiver takes the two connections in turn, so the fuzzer's backlog can end after the pool's last
