@@ -25,6 +25,22 @@ def test_stage_schedule_grows_from_short_to_long(short, long, stages, steps, wan
     assert stage_schedule(short, long, stages, steps) == want
 
 
+def test_the_horizon_variants_are_equal_in_steps_by_default_and_in_turns_on_request():
+    import argparse
+
+    from launch.ablate_horizon import variant_overrides
+
+    args = argparse.Namespace(short=2, long=6, stages=3, steps=24, max_steps_factor=4, equal="steps")
+    assert variant_overrides("scaling", args, 0) == ["algorithm.horizon.turns=[2, 4, 6]",
+                                                     "algorithm.horizon.boundaries=[8, 16]", "trainer.total_steps=24"]
+    for variant, turns in (("fixed_short", 2), ("fixed_long", 6)):
+        assert variant_overrides(variant, args, 500.0) == [f"algorithm.horizon.turns=[{turns}]",
+                                                           "algorithm.horizon.boundaries=[]", "trainer.total_steps=24"]
+    args.equal = "turns"  # the fixed runs train until they reach the scaling run's trained turns, capped
+    assert variant_overrides("fixed_long", args, 500.0)[2:] == ["trainer.total_steps=96",
+                                                                "trainer.max_trained_turns=500"]
+
+
 def test_the_reading_names_the_ordering_and_whether_the_seeds_separate_it():
     apart = reading({"scaling": 0.8, "fixed_short": 0.5, "fixed_long": 0.3},
                     {"scaling": (0.75, 0.85), "fixed_short": (0.45, 0.55), "fixed_long": (0.2, 0.4)}, 2)
