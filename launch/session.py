@@ -23,6 +23,7 @@ from environments.item_sampler import mix_sampler
 from launch.episodes import EPISODES_FILE, TrainingEpisodes
 from launch.evaluate import eval_turns
 from launch.progress import Progress
+from launch.role_stats import RoleMemory, driver_tokens_per_s, ray_locate
 from launch.pools import pool_names
 from launch.roles import Roles, advertised, transport_keys
 from launch.wandb_sink import run_sink
@@ -109,6 +110,8 @@ class TrainingSession:
                                  keys=self.keys)
         write_json(self.out / "placement.json", self.roles.placement())
         write_json(self.out / "pids.json", self.roles.pids())
+        roles = self.roles
+        self.memory = RoleMemory(lambda: ray_locate(roles._actors()))  # each role's RSS every step
         write_json(self.out / "transport.json", self._transport_record())
         write_json(self.out / "model.json", {"base": cfg.model.path, "resolved": str(model_dir)})  # launch.eval
         self.metrics = JsonlSink(self.out / "metrics.jsonl")
@@ -226,7 +229,8 @@ class TrainingSession:
     def _on_group_started(self, info: GroupInfo) -> None:
         self.groups_log.write(json.dumps({"step": info.started_step, "group_id": info.group_id,
                                           "item_id": info.item_id, "draw": info.draw, "horizon": info.horizon,
-                                          "version": info.started_version, "attempt": info.attempt}) + "\n")
+                                          "version": info.started_version, "attempt": info.attempt,
+                                          "time": time.time()}) + "\n")  # when admitted (bench async)
         self.groups_log.flush()
 
     def _on_step(self, step: int, metrics: dict[str, float], batch: list[GroupInfo]) -> None:
@@ -235,6 +239,8 @@ class TrainingSession:
         metrics["rollout/horizon_stage"] = float(self.schedule.stage_at(step))
         if step % self.cfg.logging.log_every == 0 or step == self.cfg.trainer.total_steps:
             metrics.update(self.roles.stats())
+        metrics.update(self.memory.sample())
+        metrics["perf/driver/tokens_per_s"] = driver_tokens_per_s(metrics)
         metrics.update(self.episodes.keep(step, [t for g in batch for t in g.samples]))
         self.metrics.log(step, metrics)
         if self.wandb is not None:
@@ -244,7 +250,7 @@ class TrainingSession:
             "groups": [g.group_id for g in batch],
             "trajectories": [t.trajectory_id for g in batch for t in g.samples],
             "oldest_versions": [t.oldest_version() for g in batch for t in g.samples],
-            "horizons": [g.horizon for g in batch]}) + "\n")
+            "horizons": [g.horizon for g in batch], "time": time.time()}) + "\n")  # when trained (bench async)
         self.trained_log.flush()
         self.progress.update(step, metrics)
 

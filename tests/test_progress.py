@@ -24,3 +24,24 @@ def test_the_bar_shows_the_evaluation_after_training(capsys):
     bar.bar.refresh()
     bar.close()
     assert "then eval <= 2 min" in capsys.readouterr().err
+
+
+def test_the_estimate_uses_the_recent_steps_rate_not_the_runs_mean(capsys):
+    """Ten steps of 1 s then five of 10 s: the steps left are priced at 10 s each, as the recent steps ran."""
+    from launch.progress import RECENT, eta_seconds
+
+    bar = Progress(100, enabled=False)
+    bar.recent.clear()
+    now = 0.0
+    for step in range(1, 16):
+        now += 1.0 if step <= 10 else 10.0
+        bar.update(step, STEP, now=now)
+    assert len(bar.recent) == RECENT + 1 and eta_seconds(bar.recent, 100) == (100 - 15) * 10.0
+    shown = Progress(20)
+    shown.recent.clear()
+    for step, t in ((1, 0.0), (2, 30.0), (3, 60.0)):
+        shown.update(step, {**STEP, "perf/rss_mb/learner0": 2048.0, "perf/rss_mb/driver": 512.0}, now=t)
+    shown.bar.refresh()
+    shown.close()
+    err = capsys.readouterr().err
+    assert "eta 8:30 at the last 2 steps' rate" in err and "rss<= 2.0 GB" in err  # 17 steps left at 30 s

@@ -104,6 +104,13 @@ def test_staleness_bound_holds_under_a_slow_learner(tiny_model_dir, tmp_path, et
     assert lags.get(eta, 0) > 0, lags  # the bound was reached, so the test could have failed
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert all(m["staleness/max"] <= eta for m in metrics if "staleness/max" in m)
+    # every step: each role's resident memory and tokens/s (launch/role_stats.py), what a long run is watched by
+    for m in metrics:
+        for key in ("perf/rss_mb/driver", "perf/rss_mb/learner0", "perf/rss_mb/generator0", "perf/rss_mb/env_pool0",
+                    "perf/driver/tokens_per_s", "perf/train_tokens_per_s"):
+            assert m.get(key, 0.0) > 0.0, (m["step"], key)
+        assert "perf/gen_tokens_per_s" in m and "perf/generator0/tokens_per_s" in m, m["step"]
+        assert m["perf/rss_unread"] == 0.0, m["step"]  # every role runs on this node: none left unread
 
 
 def _paused(model_dir, out, pause_s: float, *overrides: str) -> list[str]:
