@@ -1,6 +1,8 @@
 """Which item the next group trains on: a weighted env mix over per-env item lists, with a resumable cursor.
 
-Each env's items are shuffled once per epoch with a seed derived from (seed, env, epoch) and taken in order;
+Each env's items are shuffled once per epoch with a seed derived from (seed, env, epoch) and taken in order,
+except those of the envs in `in_order`, which are dealt in the order given, every epoch (a family whose items
+form a deck, e.g. the workload family's stratified long tail);
 the env of each next group is drawn from the mix weights with the sampler's own RNG. `state_dict` captures
 the cursors and the RNG, so a resumed run draws exactly the items the uninterrupted run would have drawn.
 """
@@ -23,14 +25,15 @@ class _Stream:
 
 
 class ItemSampler:
-    def __init__(self, items: dict[str, list[str]], weights: dict[str, float], seed: int = 0):
+    def __init__(self, items: dict[str, list[str]], weights: dict[str, float], seed: int = 0,
+                 in_order: frozenset[str] | set[str] = frozenset()):
         missing = [env for env in weights if not items.get(env)]
         if missing:
             raise ValueError(f"no items for env(s) {', '.join(missing)} in the mix")
         self.weights = {env: float(w) for env, w in weights.items() if w > 0}
         if not self.weights:
             raise ValueError("the env mix has no env with a weight > 0")
-        self.seed = seed
+        self.seed, self.in_order = seed, frozenset(in_order)
         self._streams = {env: _Stream(list(items[env])) for env in self.weights}
         self.items = {env: self._streams[env].items for env in self.weights}
         self._order = {env: self._shuffled(env, 0) for env in self.weights}
@@ -39,6 +42,8 @@ class ItemSampler:
 
     def _shuffled(self, env: str, epoch: int) -> list[str]:
         order = list(self._streams[env].items)
+        if env in self.in_order:
+            return order
         random.Random(_seed(self.seed, env, epoch)).shuffle(order)
         return order
 

@@ -4,7 +4,8 @@ Each family's items come from environments.splits (the dataset files or generate
 family's `select_items(family_cfg, ids)` hook when it has one (e.g. BabyAI's `env.babyai.levels`). The
 agentgym_http family takes the split of the task its server hosts and names the items `agentgym_http_<n>`.
 Families of your own (`env.families`) are registered here before their names are resolved.
-Draws come from core.sampler.ItemSampler: seeded epochs per family and a state that resumes exactly.
+Draws come from core.sampler.ItemSampler: seeded epochs per family and a state that resumes exactly; a family
+whose extras set `in_order` (a deck, e.g. the workload family's long tail) is dealt in its split's order.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def mix_sampler(env_cfg: Any, split: str = "train", seed: int = 0, cache_dir: st
     for f, ids in items.items():
         if not ids:
             raise ValueError(f"env.mix.{f}: its {split} split has no items (check env.{f} filters)")
-    return ItemSampler(items, dict(env_cfg.mix), seed=seed)
+    in_order = {f for f in items if get_family(f).extras.get("in_order")}  # e.g. the workload family's deck
+    return ItemSampler(items, dict(env_cfg.mix), seed=seed, in_order=in_order)
 
 
 def family_of(item_id: str, env_cfg: Any) -> str:

