@@ -4,7 +4,10 @@
 In a Ray run learner rank 0 and each generator replica are separate processes that see disjoint GPUs, so the
 group broadcasts with NCCL between two GPUs. This step does the same whenever a GPU is left over by the engine
 (`--tp` below the GPU count; `tensor_parallel_size` leaves one by default on two GPUs or more): rank 0 runs in a
-process of its own that sees only that GPU (CUDA_VISIBLE_DEVICES), and the group must choose NCCL by itself.
+process of its own that sees only that GPU (CUDA_VISIBLE_DEVICES), and broadcasts with NCCL. The check's engine
+was started seeing every GPU (in a Ray run it sees only its own), so its workers could open rank 0's memory:
+rank 0 is told not to offer CUDA IPC there (`allow_ipc=False`). launch.gpu_device_check's `collective_nccl`
+shows the choice made from visibility alone.
 With one GPU, rank 0 runs on the engine's GPU, as a colocated learner would, and the group must choose CUDA IPC.
 On `--device cpu`, rank 0 is a process of its own on gloo. The version must be acked and the fixed tokens'
 logprobs must move and match the reference with the new weights (launch.gpu_check.checks_of).
@@ -32,7 +35,8 @@ def plan(device: str, gpus: int, tp: int) -> dict:
     return {"mode": "ipc", "backend": "gloo", "visible": None, "rank0": "cuda:0"}
 
 
-def _rank0(state_path: str, device: str, replica: str, workers: int, dtype: str, version: int, out, go) -> None:
+def _rank0(state_path: str, device: str, replica: str, workers: int, dtype: str, version: int, out, go,
+           allow_ipc: bool) -> None:
     """Learner rank 0 in a process of its own: form the group, publish `version` when told, report the acks."""
     import torch
 
@@ -42,7 +46,7 @@ def _rank0(state_path: str, device: str, replica: str, workers: int, dtype: str,
     try:
         dev = torch.device(device)
         state = torch.load(state_path, weights_only=True)
-        pub = CollectivePublisher("127.0.0.1", 0, [replica], workers, dev, dtype, timeout_s=120)
+        pub = CollectivePublisher("127.0.0.1", 0, [replica], workers, dev, dtype, timeout_s=120, allow_ipc=allow_ipc)
         out.put(("endpoint", pub.endpoint, pub.world_size))
         pub.wait_for_peers(1, 120)
         go.get(timeout=300)
@@ -82,8 +86,8 @@ async def collective_update(gen, ref, fixed: list[int], device: str, gpus: int, 
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         os.environ["CUDA_VISIBLE_DEVICES"] = where["visible"]  # the child sees only its own GPU (or none)
         try:
-            proc = ctx.Process(target=_rank0, args=(path, where["rank0"], gen.name, workers, dtype, version, out, go),
-                               daemon=True)
+            proc = ctx.Process(target=_rank0, args=(path, where["rank0"], gen.name, workers, dtype, version, out, go,
+                                                    where["backend"] != "nccl"), daemon=True)
             proc.start()
         finally:
             os.environ.pop("CUDA_VISIBLE_DEVICES") if saved is None else os.environ.__setitem__(
