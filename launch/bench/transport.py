@@ -5,7 +5,9 @@
   a pool on the coordinator's node uses) and over loopback TCP (`zmq tcp`, what crosses nodes). Ray:
   `ray.get(ray.put(record))` of the same record (one process, serial: the lower bound of Ray's cost), and Ray
   across processes as it would carry trajectories (`ray xproc`: a producer actor's records taken with `ray.get`
-  on refs, 64 in flight, validated as the receiver validates). memcpy: a copy of a buffer of the same size,
+  on refs, 64 in flight, validated as the receiver validates), and as a Ray user would batch them (`ray batched
+  xproc`, figure `zmq_over_ray_batched_xproc_*`: the actor returns 16 records a call, 4 calls in flight, each
+  taken as soon as it is ready with `ray.wait`, every record validated). memcpy: a copy of a buffer of the same size,
   hot (one buffer, cached) and cold (rings four times the last-level cache, as a received message's bytes are).
 - A 256 MB weights payload: the weights channel to a subscriber process, until its ack; Ray put + get of the same
   array; memcpy of the same bytes.
@@ -193,6 +195,48 @@ def zmq_weights(nbytes: int, count: int, curve: str | None = None) -> float:
     return elapsed
 
 
+class _RayBatchProducer:
+    """What a Ray user would write to move many records: one call returns a list of them. The records are
+    distinct objects, made once: a list of one object repeated would be pickled once (pickle's memo), carrying
+    one record's bytes for many."""
+
+    def __init__(self, size: int, batch: int):
+        self.records = [trajectory_of_bytes(size, seed=i, trajectory_id=f"traj-{i}") for i in range(batch)]
+
+    def make_batch(self, n: int):
+        return self.records[:n]
+
+
+def ray_batched_xproc(size: int, count: int, warmup: int, batch: int = 16, window: int = 4) -> float:
+    """Seconds for `count` records from a producer actor, `batch` records a call, `window` calls in flight, each
+    call's list taken with `ray.wait` as soon as it is ready and every record validated (as `ray_xproc`)."""
+    import ray
+
+    from core.codec import WireLimits
+
+    limits = WireLimits(max_tokens=1 << 22)
+    producer = ray.remote(_RayBatchProducer).options(num_cpus=0).remote(size, batch)
+
+    def take(n: int) -> None:
+        sizes = [min(batch, n - i) for i in range(0, n, batch)]
+        pending = [producer.make_batch.remote(k) for k in sizes[:window]]
+        issued = len(pending)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for record in ray.get(ready[0]):
+                record.validate(max_tokens=limits.max_tokens, max_turns=limits.max_turns)
+            if issued < len(sizes):
+                pending.append(producer.make_batch.remote(sizes[issued]))
+                issued += 1
+
+    take(warmup)
+    start = time.perf_counter()
+    take(count)
+    elapsed = time.perf_counter() - start
+    ray.kill(producer)
+    return elapsed
+
+
 def paired(*runs, trials: int) -> list[float]:
     """Median seconds of each of `runs`, run in turn `trials` times each after one untimed run of each (the
     first spawn of a process pays for imports and page faults the others do not)."""
@@ -233,6 +277,8 @@ def main(argv: list[str]) -> int:
         times = {"zmq": local, "zmq tcp": plain, "zmq+curve": curve, "zmq+curvezmq": curvezmq,
                  "ray": ray_put_get(traj, count, warmup=count // 10),
                  "ray xproc": statistics.median(ray_xproc(size, count, warmup=count // 10) for _ in range(args.trials)),
+                 "ray batched xproc": statistics.median(ray_batched_xproc(size, count, warmup=count // 10)
+                                                        for _ in range(args.trials)),
                  "memcpy": memcpy(wire, count), "memcpy cold": cold}
         for path, seconds in times.items():
             rows.append([f"trajectory {label}", path, count / seconds, wire * count / seconds / 1e9,
@@ -244,6 +290,7 @@ def main(argv: list[str]) -> int:
         figures[f"curvezmq_over_plain_{label}"] = times["zmq tcp"] / times["zmq+curvezmq"]
         figures[f"zmq_over_ray_{label}"] = times["ray"] / times["zmq"]
         figures[f"zmq_over_ray_xproc_{label}"] = times["ray xproc"] / times["zmq"]
+        figures[f"zmq_over_ray_batched_xproc_{label}"] = times["ray batched xproc"] / times["zmq"]
         figures[f"zmq_tcp_over_ray_xproc_{label}"] = times["ray xproc"] / times["zmq tcp"]
         figures[f"zmq_over_memcpy_{label}"] = times["memcpy"] / times["zmq"]
         figures[f"zmq_over_memcpy_cold_{label}"] = times["memcpy cold"] / times["zmq"]
@@ -274,9 +321,10 @@ def main(argv: list[str]) -> int:
     print("  sealed by the sender and opened by the receiver, chunks of weights sealed once); zmq+curvezmq: the same")
     print("  with transport.cipher=curvezmq; curve_over_plain = the zmq+curve throughput / the plain TCP one's;")
     print(f"zmq tcp and zmq+curve* rows are medians of {args.trials} runs each, taken in turn after one untimed run;")
-    print(f"zmq and ray xproc rows are medians of {args.trials} runs.")
+    print(f"zmq, ray xproc and ray batched xproc rows are medians of {args.trials} runs.")
     print("ray: ray.get(ray.put(x)) in one process; ray xproc: a producer actor's records taken with ray.get on")
-    print("  their refs, 64 in flight, each validated as the zmq receiver validates; memcpy: np.copyto of the same")
+    print("  their refs, 64 in flight, each validated as the zmq receiver validates; ray batched xproc: 16 records")
+    print("  a call (a list), 4 calls in flight, taken with ray.wait as each is ready; memcpy: np.copyto of the same")
     print(f"  number of bytes (hot: one buffer; cold: rings of 4 x the {last_level_cache_bytes() // MB} MB "
           "last-level cache).")
     emit(figures)
