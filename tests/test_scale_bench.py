@@ -31,6 +31,8 @@ def test_a_hundred_in_flight_on_one_actor(ray_local, tiny_model_dir):
     # The marginal memory of 90 more episodes can be lost in the allocator's noise: it is there and small.
     assert math.isfinite(result["mb_per_episode"]) and abs(result["mb_per_episode"]) < 5, result["mb_per_episode"]
     assert result["first_token_p99_ms"] >= result["first_token_p50_ms"]
+    # the batches went the real way (prepare_samples, Ray to a rank) and each step was logged as a run logs it
+    assert result["steps_logged"] > 0 and result["rank_tokens"] > 0 and result["samples_with_advantages"] > 0, result
     figures = scale.figures([result])
     assert figures["scale_max_in_flight"] == 100
     for key in ("coordinator_cpu_ms_per_traj_100", "trajectories_per_s_100", "fixed_mb_100"):

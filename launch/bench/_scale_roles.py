@@ -7,6 +7,10 @@
 - `InstantLearners` is the coordinator's `learners` object (`train_step`, `publish_weights`, `wait_acks`): it
   consumes a batch at once, bumps the version, and tells the generator stand-in, so tokens carry real versions
   and the staleness filter sees them.
+- `ShippedLearners` does what the real learner group does with a batch before any model sees it: advantages
+  over the batch (`actors.learner.prepare_samples`), shards per rank (`core.batching.shard`) and each shard
+  shipped through Ray to a rank actor (`ConsumingRank`, another process), which reads every sample and returns a
+  step's metrics; only the model's forward and backward are left out.
 """
 from __future__ import annotations
 
@@ -81,3 +85,38 @@ class InstantLearners:
 
     def wait_acks(self, version: int, timeout_s: float, excused=()) -> dict:
         return {"echo-generator": (True, "")}
+
+
+class ConsumingRank:
+    """A learner rank that receives its shard through Ray, as a real rank does, and reads every sample."""
+
+    def train_step(self, samples: list) -> dict[str, float]:
+        tokens = sum(s.trajectory.num_tokens for s in samples)
+        advantages = sum(s.advantages is not None for s in samples)  # attached by prepare_samples
+        return {"train/loss": 0.0, "train/rank_tokens": float(tokens),
+                "train/samples_with_advantages": float(advantages)}
+
+
+class ShippedLearners(InstantLearners):
+    def __init__(self, generator: Any, ranks: int = 1):
+        import ray
+
+        from configs.learner import AlgorithmConfig
+
+        super().__init__(generator)
+        self.algorithm = AlgorithmConfig()
+        self.ranks = [ray.remote(ConsumingRank).options(num_cpus=0).remote() for _ in range(ranks)]
+        self.rank_tokens, self.samples_with_advantages = 0.0, 0.0
+
+    def train_step(self, trajectories: list) -> dict[str, float]:
+        import ray
+
+        from actors.learner import prepare_samples
+        from core.batching import shard
+
+        super().train_step(trajectories)  # the accounting: no group trained twice
+        shards = shard(prepare_samples(trajectories, self.algorithm), len(self.ranks))
+        got = ray.get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)])
+        self.rank_tokens += sum(g["train/rank_tokens"] for g in got)
+        self.samples_with_advantages += sum(g["train/samples_with_advantages"] for g in got)
+        return got[0]

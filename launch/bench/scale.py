@@ -3,8 +3,12 @@
 The real coordinator (actors/coordinator.py), env pools (launch/pools.py over actors/env_pool.py, Ray actors on
 local Ray) and trajectory channel (core/transport.py, ZMQ on loopback) run TextCraft episodes; the model roles are
 stand-ins that answer at once (launch/bench/_scale_roles.py): a generator actor that replies with one valid
-TextCraft action (`inventory`) and learners that consume each batch at once. So what is measured is the control
-plane: admission, dispatch, the pools' episode loop, the channel and the group buffer.
+TextCraft action (`inventory`) and a learner group that takes each batch as the real one does (advantages by
+`prepare_samples`, sharded, shipped through Ray to a rank actor that reads every sample) without a model. Each
+step is logged as a training run logs it (launch/session.py's step callback: metrics.jsonl with the pools'
+and generator's stats and each role's RSS, trained.jsonl, the episodes sample). So what is measured is the
+control plane: admission, dispatch, the pools' episode loop, the channel, the group buffer, the batch's way to
+the learner ranks and the step's logging.
 
 For each number of episodes in flight (the coordinator's groups in flight times the group size) and each number
 of env actors, the run fills the pipeline, waits until as many trajectories as are in flight have arrived (one
@@ -35,8 +39,10 @@ import argparse
 import asyncio
 import collections
 import os
+import shutil
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from launch.bench.report import emit, table
@@ -87,6 +93,37 @@ class CountingPools:
         return summary
 
 
+def step_logger(out: Path, supervisor: Any, generator: Any, pids: list[int], tokenizer_dir: str, turns: int):
+    """The training run's own step callback (TrainingSession._on_step) over this bench's roles: the same files
+    and the same per-step calls (the pools' and generator's stats, every role's RSS); (callback, close)."""
+    from types import SimpleNamespace
+
+    from configs.load import load_config
+    from core.horizon import HorizonSchedule
+    from core.metrics import JsonlSink
+    from launch.episodes import EPISODES_FILE, TrainingEpisodes
+    from launch.progress import Progress
+    from launch.role_stats import RoleMemory
+    from launch.roles import Roles
+    from launch.session import TrainingSession
+
+    cfg = load_config(None, [])
+    shim = SimpleNamespace(pools=supervisor, watch=SimpleNamespace(restarts=0), generators=[generator])
+    logger = SimpleNamespace(
+        cfg=cfg, failures=[], schedule=HorizonSchedule((turns,)), roles=SimpleNamespace(stats=lambda: Roles.stats(shim)),
+        memory=RoleMemory(lambda: {"EnvPool": [(pid, True) for pid in pids]}),
+        episodes=TrainingEpisodes(out / EPISODES_FILE, tokenizer_dir, cfg.logging.episodes_every,
+                                  cfg.logging.episodes_per_sample, cfg.logging.episodes_max_mb),
+        metrics=JsonlSink(out / "metrics.jsonl"), wandb=None, trained_log=open(out / "trained.jsonl", "a"),
+        progress=Progress(cfg.trainer.total_steps, enabled=False))
+
+    def close() -> None:
+        logger.metrics.close()
+        logger.trained_log.close()
+
+    return (lambda step, metrics, batch: TrainingSession._on_step(logger, step, metrics, batch)), close
+
+
 def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_dir: str,
               reply_ids: list[int]) -> dict[str, Any]:
     import ray
@@ -100,7 +137,7 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
     from core.staleness import StalenessGate
     from core.transport import TrajectoryReceiver
     from environments.item_sampler import mix_sampler
-    from launch.bench._scale_roles import EchoGenerator, InstantLearners
+    from launch.bench._scale_roles import EchoGenerator, ShippedLearners
     from launch.pools import PoolSupervisor
 
     groups = max(1, in_flight // args.group_size)
@@ -119,7 +156,10 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
     ray.get(generator.get_stats.remote())
     pids = [i["pid"] for i in ray.get([a.info.remote() for a in supervisor.actors])]
     pools = CountingPools(supervisor)
-    learners = InstantLearners(generator)
+    learners = ShippedLearners(generator)
+    log_dir = tempfile.mkdtemp(prefix=f"bench-scale-steps-{in_flight}-{actors}-")
+    on_step, close_log = step_logger(Path(log_dir), supervisor, generator, pids, tokenizer_dir,
+                                    args.turns)
     admitted: dict[str, float] = {}
     noting = [False]
 
@@ -131,7 +171,7 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
     coordinator = Coordinator(
         pools=pools, learners=learners, receiver=receiver, sampler=mix_sampler(env_cfg, "train", seed=0),
         gate=StalenessGate(16, batch), schedule=HorizonSchedule((args.turns,)), group_size=args.group_size,
-        total_steps=1 << 40, max_in_flight=max(1, groups // 10), on_step=lambda *a: None, should_checkpoint=lambda s: False,
+        total_steps=1 << 40, max_in_flight=max(1, groups // 10), on_step=on_step, should_checkpoint=lambda s: False,
         save=lambda s: None, on_group_started=on_started)
     base_driver, base_actors = rss_kb(os.getpid()), sum(rss_kb(p) for p in pids)
     out: dict[str, Any] = {"in_flight": groups * args.group_size, "actors": actors, "slots": slots}
@@ -213,7 +253,14 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
         error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
         out["run_s"] = time.monotonic() - started
+        close_log()
+        out["steps_logged"] = sum(1 for _ in open(Path(log_dir) / "metrics.jsonl"))
+        out["rank_tokens"] = learners.rank_tokens  # what the rank actors read: the batches did reach them
+        out["samples_with_advantages"] = learners.samples_with_advantages
+        shutil.rmtree(log_dir, ignore_errors=True)
         supervisor.shutdown()
+        for rank in learners.ranks:
+            ray.kill(rank)
         ray.kill(generator)
         receiver.close()
         out["shutdown_s"] = time.monotonic() - started - out["run_s"]
@@ -307,7 +354,8 @@ def main(argv: list[str]) -> int:
     levels = [int(x) for x in args.in_flight.split(",")]
     actor_counts = [int(x) for x in args.actors.split(",")]
     print("the model roles are stand-ins that answer at once (a generator replying TextCraft's `inventory`, "
-          f"learners consuming each batch at once): the control plane is what is measured; {args.turns} turns "
+          f"a learner group taking each batch through prepare_samples and Ray to a rank that reads it, every step "
+          f"logged as a run logs it): the control plane is what is measured; {args.turns} turns "
           f"per episode, groups of {args.group_size}, env slots per actor = in flight / actors", flush=True)
     print(table(HEADERS, []), flush=True)
     results = run_all(levels, actor_counts, args)
