@@ -6,12 +6,16 @@ All in one run, side by side, with the default model unless `--model` says other
    prompts through vLLM's offline `LLM.generate` with the same engine settings, then Hugging Face `generate`
    one request at a time on the first `--hf-requests` of them, and batched on all of them (left-padded, one
    `generate` call). Figures: tokens/s of each and the ratios `actor_over_offline` (target >= 0.8),
-   `actor_over_hf` (one at a time) and `actor_over_hf_batched`.
+   `actor_over_hf` (one at a time) and `actor_over_hf_batched`. HF runs in a process of its own with HF's
+   default threading (launch/bench/hf_baseline.py): the OpenMP setting this bench gives itself for the offline
+   engine (the generator actor's `OMP_WAIT_POLICY`) is not HF's.
 2. Weight sync: the model's full weights published on the weights channel until the actor acked, versus a
    memcpy of the same bytes: `weight_sync_over_memcpy` (target <= 10) through the same-node path the run uses
    (the learner's shared memory, once the actor proved it shares this node), and `weight_sync_tcp_over_memcpy`
    over TCP, versions of the two taken in turn; the actor's own apply time, its staging copy and its engine's
-   load too.
+   load too. Those start from float32 weights already in host memory; `weight_sync_over_memcpy_from_shards`
+   starts where a learner does, from a ZeRO-3 engine's partitioned parameters, and counts the gather, the cast
+   to the generator's dtype and the publish until the ack (launch/bench/weights_shards.py).
 3. Multi-turn: `--mt-episodes` episodes of `--mt-turns` turns, all started at once through the real rollout
    loop against a synthetic grid env that answers at once. The generator admits as many episodes at a time as
    its KV cache holds at the budgeted episode length; the rest wait for a slot. Tokens/s by turn index are read
@@ -318,6 +322,7 @@ def main(argv: list[str]) -> int:
 
     # The offline engine runs in this process: give it the generator actor's OpenMP setting, before torch loads.
     policy = GeneratorConfig().cpu_omp_wait_policy
+    restore = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")}  # what the HF process gets back
     if policy:
         os.environ["OMP_WAIT_POLICY"] = policy
     from transformers import AutoTokenizer
@@ -365,6 +370,12 @@ def main(argv: list[str]) -> int:
         rows.append(("generator actor", len(prompts), tokens, secs, tokens / secs))
         if "weights" not in skip:
             figures.update(weight_sync(publisher, handles[0], model_dir, args.weight_reps))
+            from launch.bench.weights_shards import weight_sync_from_shards
+
+            shards = weight_sync_from_shards(publisher, handles[0], model_dir, args.dtype, args.weight_reps,
+                                             ray.get(handles[0].get_stats.remote())["version"])
+            shards.pop("version")
+            figures.update(shards)
         if "multiturn" not in skip:
             capacity = ray.get(handles[0].set_session_tokens.remote(budget))
             print(f"multi-turn: the actor admits {capacity} of {args.mt_episodes} episodes at once", flush=True)
@@ -390,11 +401,20 @@ def main(argv: list[str]) -> int:
         figures["actor_over_offline"] = figures["actor_tok_s"] / figures["offline_tok_s"]
         rows.append(("vLLM offline LLM.generate", len(prompts), tokens, secs, tokens / secs))
     if "hf" not in skip:
-        tokens, secs = hf_one_at_a_time(model_dir, prompts[:args.hf_requests], args.max_tokens, args.dtype)
+        import tempfile
+
+        from launch.bench.hf_baseline import run_clean
+
+        with tempfile.TemporaryDirectory(prefix="bench-hf-") as tmp:
+            hf = run_clean(model_dir, prompts, args.max_tokens, args.hf_requests, args.dtype, Path(tmp) / "spec.json",
+                           restore)
+        print(f"HF baselines: their own process, {hf['torch_threads']} torch threads, OMP_WAIT_POLICY "
+              f"{hf['omp_wait_policy'] or 'unset'}", flush=True)
+        tokens, secs = hf["one_tokens"], hf["one_s"]
         figures["hf_tok_s"] = tokens / secs
         figures["actor_over_hf"] = figures["actor_tok_s"] / figures["hf_tok_s"]
         rows.append(("HF generate, one at a time", args.hf_requests, tokens, secs, tokens / secs))
-        tokens, secs = hf_batched(model_dir, prompts, args.max_tokens, args.dtype)
+        tokens, secs = hf["batched_tokens"], hf["batched_s"]
         figures["hf_batched_tok_s"] = tokens / secs
         figures["actor_over_hf_batched"] = figures["actor_tok_s"] / figures["hf_batched_tok_s"]
         rows.append(("HF generate, batched (left-padded)", len(prompts), tokens, secs, tokens / secs))
@@ -412,6 +432,12 @@ def main(argv: list[str]) -> int:
                       figures[f"weight_staging{key}_s"] / memcpy),
                      ("    of which: load in the engine", mb, figures[f"weight_engine_load{key}_s"],
                       figures[f"weight_engine_load{key}_s"] / memcpy)]
+        if "weight_sync_from_shards_s" in figures:
+            shard_mb, shard_copy = figures["weight_bytes_from_shards"] / 1e6, figures["memcpy_from_shards_s"]
+            rows += [(f"from ZeRO-3 shards: gather + cast ({args.dtype}) + publish -> ack", shard_mb,
+                      figures["weight_sync_from_shards_s"], figures["weight_sync_over_memcpy_from_shards"]),
+                     ("  of which: gather + cast", shard_mb, figures["weight_gather_cast_s"],
+                      figures["weight_gather_cast_s"] / shard_copy)]
         print(table(["weights", "MB", "seconds", "x memcpy"], rows + [("memcpy", mb, memcpy, 1.0)]))
     emit(figures)
     return 0
