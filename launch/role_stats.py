@@ -4,8 +4,9 @@ A long asynchronous run must stay flat: what grows (a cache, a queue, a leak in 
 role's resident memory climbing step after step, or its tokens/s falling. The step's metrics carry, every step:
 
 - `perf/rss_mb/driver` and `perf/rss_mb/<role><i>` (learner, generator, env_pool: VmRSS of /proc/<pid>/status,
-  what the process holds in memory now; not the peak) for every role process on the driver's node. Reading
-  /proc costs microseconds and asks nothing of the roles, so it cannot slow them.
+  what the process holds in memory now, not the peak, summed with the processes it started: a generator's vLLM
+  engine core, an env pool's simulators) for every role process on the driver's node. Reading /proc costs well
+  under a millisecond and asks nothing of the roles, so it cannot slow them.
 - `perf/rss_unread`: role processes whose memory could not be read here (on another node, where a pid number
   names some other process, or gone since the last look): counted, never guessed. After a miss the pids are asked
   again (a restarted actor has a new one), at most every `refresh_s`.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,36 @@ def rss_mb(pid: int | str = "self") -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid`'s threads started (empty when gone or unreadable)."""
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                out += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+    except OSError:
+        return []
+    return out
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """VmRSS of `pid` and of every process below it (None when `pid` itself cannot be read)."""
+    own = rss_mb(pid)
+    if own is None:
+        return None
+    seen, todo, total = {pid}, children(pid), own
+    while todo:
+        child = todo.pop()
+        if child in seen:
+            continue
+        seen.add(child)
+        total += rss_mb(child) or 0.0  # a child that just ended counts nothing
+        todo += children(child)
+    return total
 
 
 class RoleMemory:
@@ -58,7 +90,7 @@ class RoleMemory:
         for role, places in self.where.items():
             name = ROLE_KEYS.get(role, role.lower())
             for i, (pid, local) in enumerate(places):
-                value = rss_mb(pid) if local else None
+                value = tree_rss_mb(pid) if local else None
                 if value is None:
                     unread += 1
                 else:
