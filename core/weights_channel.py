@@ -356,6 +356,7 @@ class WeightPublisher:
         Returns how many it handled."""
         if self._keys_owed:
             self._send_keys()
+        self._track_connections()  # the monitor's queue is bounded: read it as often as the socket
         handled = 0
         while handled < budget and self._sock.poll(timeout_ms):
             parts = self._sock.recv_multipart(copy=False)
@@ -481,8 +482,12 @@ class WeightPublisher:
                     log.warning("weights publisher: %s took no chunk of version %d for %.1f s; skipping it "
                                 "for this version (%d of %d chunks sent)", name, version, idle, i, len(messages))
                     del cursor[peer]
-            # acks and hellos keep flowing, a few per round; a short wait when nobody moved
-            self._paced_poll(0 if moved else 1)
+            # acks and hellos keep flowing, a few per round; a short wait when nobody moved (paced: a flood
+            # makes the poll return at once)
+            if moved:
+                self.poll(0, ROUND_BUDGET)
+            else:
+                self._paced_poll(1)
 
     def wait_acks(self, version: int, timeout_s: float, excused: Iterable[str] = ()) -> dict[str, tuple[bool, str]]:
         """Wait until every registered peer acked `version`; returns {peer name: (ok, error)}.
@@ -493,6 +498,7 @@ class WeightPublisher:
         """
         deadline = time.monotonic() + timeout_s
         excused = frozenset(excused)
+        flooded = False
         while True:
             got = dict(self.acks.get(version, {}))
             for name, why in self.stalled.get(version, {}).items():
@@ -504,7 +510,10 @@ class WeightPublisher:
                 return got
             if time.monotonic() > deadline:
                 raise TimeoutError(f"weights version {version}: no ack from {', '.join(sorted(missing))}")
-            self._paced_poll(50)  # the answers are checked every few messages, flood or not
+            if flooded:  # the last poll found more waiting than it took, and no answer among them: a pause
+                time.sleep(PACE_S)
+            # the answers are checked every few messages, flood or not
+            flooded = self.poll(50, ROUND_BUDGET) >= ROUND_BUDGET
 
     def close(self, linger_ms: int = 0) -> None:
         if self.shelf is not None:
