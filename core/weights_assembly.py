@@ -1,16 +1,23 @@
 """One weights version being put together from its chunks (core.weights_subscriber receives them; the protocol
 is in core.weights_channel).
 
-What must hold: every header number is an integer in range before it is used; shapes, dtypes and byte counts
-agree; a version's buffers are checked against what the subscriber expects (tensor name -> shape, the model's
-own parameters) and against a byte budget *before* anything is allocated; chunks are taken in order, each
-continuing exactly where the last one ended. A chunk is taken whole or not at all: nothing counts as filled
-until every part of it is written, so a sealed part that does not authenticate (core.weights_seal) leaves the
-assembly as it was.
+What must hold:
+- Every header number is an integer in range before it is used; shapes, dtypes and byte counts agree; a
+  version's buffers are checked against what the subscriber expects (tensor name -> shape, the model's own
+  parameters) and against a byte budget *before* anything is allocated.
+- Chunks are taken in order, each continuing exactly where the last one ended, in the layout the publisher
+  makes (core.weights_channel `_chunks`): every part of a chunk but its last ends its tensor; a tensor left
+  unfinished continues in the next chunk's first part; the last chunk finishes every tensor. A chunk that breaks
+  any of these is refused by itself, so no chunk can leave a version that can never complete.
+- A chunk is taken whole or not at all: the assembly (chunks taken, bytes counted as filled, buffers, bytes
+  allocated) changes only once every part of the chunk is checked and written; a sealed part that does not
+  authenticate (core.weights_seal), a malformed part or a failed allocation leaves it as it was (buffers taken
+  for the chunk go back to the spares).
 """
 from __future__ import annotations
 
 import math
+import time
 
 import msgpack
 import numpy as np
@@ -69,54 +76,80 @@ class Assembly:
         self.next_seq = 0
         self.buffers: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
         self.filled: dict[str, int] = {}
+        self.unfinished = ""  # the tensor the last chunk left unfinished: the next chunk's first part continues it
         self.allocated = 0
         self.spare = spare  # byte buffers of an older version, reused when the sizes match
         self.expected, self.max_total_bytes = expected, max_total_bytes
+        self.touched = time.monotonic()  # when it last took a chunk
 
     def add(self, seq: int, parts: list, frames: list, sealed: OpenChunk | None = None) -> None:
-        """Write one chunk's parts (`sealed`: opened straight into the buffers). Nothing counts as filled until
-        every part is written: a sealed part that does not authenticate (SealError) leaves the assembly as it was."""
+        """Write one chunk's parts (`sealed`: opened straight into the buffers). Nothing of the assembly changes
+        until every part is checked and written: WireError (SealError for a part that does not authenticate),
+        or a MemoryError, leaves it as it was."""
         if seq != self.next_seq:
             raise WireError("seq", f"chunk {seq} of version {self.version} arrived, expected {self.next_seq}")
-        filled, writes = dict(self.filled), []
-        for (name, dtype, shape, offset, total), frame in zip(parts, frames):
-            if name not in self.buffers:
-                self._allocate(name, dtype, shape, total)
-                filled[name] = 0
-            elif self.buffers[name][:2] != (dtype, shape):
-                raise WireError("parts", f"{name}: dtype/shape differ between chunks of version {self.version}")
-            buf = self.buffers[name][2]
-            n = sealed.part_size(frame) if sealed is not None else len(frame)
-            if sealed is not None and not 0 <= n <= len(buf) - offset:  # the header is genuine: the part is not
-                raise sealed.refuse(f"part {name} does not fit its authenticated place")
-            if offset != filled[name] or offset + n > len(buf):
-                raise WireError("parts", f"{name}: bytes [{offset}, {offset + n}) do not continue "
-                                         f"{filled[name]} within {len(buf)}")
-            filled[name] += n
-            writes.append((buf.data[offset:offset + n], frame))
-        for i, (out, frame) in enumerate(writes):
-            if sealed is not None:
-                sealed.open_into(i, frame, out)
-            else:
-                out[:] = frame  # a memoryview slice copy runs at memcpy speed
-        self.filled = filled
+        new: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+        try:
+            filled, unfinished, allocated, writes = self._check(parts, frames, sealed, new)
+            for i, (out, frame) in enumerate(writes):
+                if sealed is not None:
+                    sealed.open_into(i, frame, out)
+                else:
+                    out[:] = frame  # a memoryview slice copy runs at memcpy speed
+        except BaseException:
+            self.spare.update({n: b for n, (_, _, b) in new.items()})
+            raise
+        self.buffers.update(new)
+        self.filled, self.unfinished, self.allocated = filled, unfinished, allocated
         self.next_seq += 1
+        self.touched = time.monotonic()
 
-    def _allocate(self, name: str, dtype: str, shape: tuple[int, ...], total: int) -> None:
+    def _check(self, parts: list, frames: list, sealed: OpenChunk | None, new: dict) -> tuple:
+        """What the assembly would be with this chunk, and the writes to make; WireError if it does not fit."""
+        filled, allocated, writes = dict(self.filled), self.allocated, []
+        unfinished = self.unfinished
+
+        def misfit(message: str) -> WireError:  # sealed, the header is genuine: a part that does not fit is not
+            return sealed.refuse(message) if sealed is not None else WireError("parts", message)
+
+        for i, ((name, dtype, shape, offset, total), frame) in enumerate(zip(parts, frames)):
+            if unfinished and (i > 0 or name != unfinished):
+                raise WireError("parts", f"{unfinished} was left unfinished, chunk {self.next_seq} has {name!r:.80}")
+            entry = self.buffers.get(name) or new.get(name)
+            if entry is None:
+                self._admit(name, shape, total, allocated)
+                buf = self.spare.pop(name, None)
+                if buf is None or buf.nbytes != total:
+                    buf = np.empty(total, np.uint8)  # not zero-filled: every byte is written before use
+                entry = new[name] = (dtype, shape, buf)
+                allocated += total
+                filled[name] = 0
+            elif entry[:2] != (dtype, shape):
+                raise WireError("parts", f"{name}: dtype/shape differ between chunks of version {self.version}")
+            buf = entry[2]
+            n = sealed.part_size(frame) if sealed is not None else len(frame)
+            if offset != filled[name]:
+                raise WireError("parts", f"{name}: bytes from {offset} do not continue {filled[name]}")
+            if not 0 <= n <= len(buf) - offset:
+                raise misfit(f"{name}: bytes [{offset}, {offset + n}) do not fit within {len(buf)}")
+            filled[name] += n
+            unfinished = name if filled[name] < len(buf) else ""
+            if unfinished and i < len(parts) - 1:
+                raise misfit(f"{name} ends at byte {filled[name]} of {len(buf)} inside chunk {self.next_seq}")
+            writes.append((buf.data[offset:offset + n], frame))
+        if self.next_seq == self.n_chunks - 1 and unfinished:
+            raise misfit(f"the last chunk of version {self.version} leaves {unfinished} unfinished")
+        return filled, unfinished, allocated, writes
+
+    def _admit(self, name: str, shape: tuple[int, ...], total: int, allocated: int) -> None:
         if self.expected is not None:
             want = self.expected.get(name)
             if want is None:
                 raise WireError("parts", f"{name!r:.80} is not a tensor of this model")
             if tuple(want) != shape:
                 raise WireError("parts", f"{name}: shape {list(shape)}, the model has {list(want)}")
-        if self.max_total_bytes and self.allocated + total > self.max_total_bytes:
+        if allocated + total > self.max_total_bytes:
             raise WireError("parts", f"version {self.version} needs more than {self.max_total_bytes} bytes")
-        buf = self.spare.pop(name, None)
-        if buf is None or buf.nbytes != total:
-            buf = np.empty(total, np.uint8)  # not zero-filled: every byte is written before use
-        self.allocated += total
-        self.buffers[name] = (dtype, shape, buf)
-        self.filled[name] = 0
 
     def complete(self) -> bool:
         return self.next_seq == self.n_chunks and all(

@@ -1,7 +1,10 @@
 """ZeroMQ weights channel: one publisher (learner rank 0) to every generator, versioned, chunked, acknowledged.
 
 Protocol (every control payload is msgpack, core.weights_control; tensor bytes travel as raw zero-copy frames):
-  subscriber -> publisher  [b"H", {"name", "relay"?}]              hello: register to receive weights
+  subscriber -> publisher  [b"H", {"name", "relay"?, "nonce"}]     hello: register to receive weights
+  publisher -> subscriber  [b"K", {"nonce", "version", "key"}]      the answer to a hello, and before each version's
+                                                                   chunks: the version (aes-gcm: its chunk key),
+                                                                   for the incarnation that sent the nonce
   publisher -> subscriber  [b"C", header, part_0, ..., part_k]     one chunk of version `header.version`
   subscriber -> publisher  [b"A", {"version", "ok", "error"}]       ack after the caller applied the version
   subscriber -> publisher  [b"P", {...}], publisher -> it [b"L", {...}]   relay progress and links
@@ -19,7 +22,7 @@ bytes and never interprets them, so core needs no torch. A subscriber exposes a 
 byte of every tensor has arrived; a version that is superseded mid-transfer is discarded.
 
 Under the run's keys every message above is sealed over plain TCP (transport.cipher=aes-gcm, core.weights_seal:
-chunks once, under a key the publisher sends each subscriber in a "K" message after its hello), and every
+chunks once, under a key per version that the publisher sends each subscriber in a "K" message), and every
 connection first passes core.admission's handshake (a token only a holder of a subscriber key can make), so an
 outsider makes the publisher hold at most one handshake frame of `MAX_CONTROL_BYTES` and delivers nothing; or
 the sockets use CurveZMQ (`curvezmq`). Without keys (auth off, loopback only) frames are capped at
@@ -42,7 +45,7 @@ from core.seal import SealError
 from core.trajectory import WireError
 from core.transport import LOOPBACK, DropLog, bind_endpoint
 from core.weights_control import MAX_CONTROL_BYTES, Progress, control, endpoint_field, field, parse_progress
-from core.weights_seal import PublisherSeal, SealedChunks
+from core.weights_seal import PublisherSeal, SealedChunks, hello_nonce, key_message
 
 log = logging.getLogger("agentgym.weights")
 
@@ -179,7 +182,9 @@ class WeightPublisher:
         self._connection_of: dict[bytes, tuple[int, int]] = {}  # routing id -> (fd, serial) of its hello
         self._hello_fd = -1  # the fd of the message being handled
         self.refusals = DropLog("unauthenticated weights message (not sealed with the run's keys)", log)
-        self._keys_owed: dict[bytes, str] = {}  # routing id -> subscriber whose chunk key is still to be sent
+        # routing id -> (subscriber, version) whose K message is still to be sent; routing id -> its hello's nonce
+        self._keys_owed: dict[bytes, tuple[str, int]] = {}
+        self._nonces: dict[bytes, str] = {}
         self.endpoint = bind_endpoint(self._sock, host, port)
         self.chunk_bytes = chunk_bytes
         self.expected = set(expected) if expected is not None else None
@@ -246,6 +251,7 @@ class WeightPublisher:
         if not self.authenticated and self.expected is not None and name not in self.expected:
             raise WireError("name", f"{name!r:.40} is not a subscriber of this run")
         relay = endpoint_field(body, "relay") if "relay" in body else ""
+        nonce = hello_nonce(body)
         if not self.authenticated:
             self._connection_of[routing] = self._connection(routing)
             live = [old for old, known in self.peers.items() if known == name and old != routing and self._alive(old)]
@@ -265,9 +271,12 @@ class WeightPublisher:
         self.heard[name] = time.monotonic()
         self.same_node.discard(name)
         self.acked.pop(name, None)
-        if self.seal is not None:  # its chunk key, before any chunk: sent on the same connection
-            self._keys_owed[routing] = name
-            self._send_keys()
+        # Its K message, answering this hello's nonce: the version this publisher is at (a restarted subscriber
+        # never goes back) and with aes-gcm its chunk key; before anything else on this connection.
+        self._nonces = {r: n for r, n in self._nonces.items() if r in self.peers}
+        self._nonces[routing] = nonce
+        self._keys_owed[routing] = (name, self.published)
+        self._send_keys()
         if self.shelf is not None and body.get("shm") is True:
             try:
                 self.send_to(routing, name, [b"M", msgpack.packb(self.shelf.offer())])
@@ -304,20 +313,44 @@ class WeightPublisher:
                 self.stalled.setdefault(version, {})[name] = f"stalled: reconnected before acking version {version}"
 
     def _send_keys(self) -> None:
-        for routing, name in list(self._keys_owed.items()):
+        for routing in list(self._keys_owed):
             try:
-                self.send_to(routing, name, self.seal.chunks.key_message())
-            except zmq.Again:  # its queue is full (a reconnect mid-version): tried again on the next poll
+                self._send_key(routing)
+            except zmq.ZMQError:  # Again: its queue is full (tried again before anything else goes to it)
                 continue
-            except zmq.ZMQError:
-                pass
+
+    def _send_key(self, routing: bytes) -> None:
+        """The K message owed to `routing` (core.weights_seal), if any; zmq.Again if its queue is full."""
+        owed = self._keys_owed.get(routing)
+        if owed is None:
+            return
+        name, version = owed
+        key = self.seal.chunks.key(version) if self.seal is not None and version >= 0 else b""
+        message = key_message(self._nonces.get(routing, ""), version, key)
+        if self.seal is not None:
+            message = self.seal.to(name, message)
+        try:
+            self._sock.send_multipart([routing] + message, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            raise
+        except zmq.ZMQError:  # EHOSTUNREACH: it went away
             self._keys_owed.pop(routing, None)
+            raise
+        self._keys_owed.pop(routing, None)
 
     def send_to(self, routing: bytes, name: str, message: list) -> None:
-        """A control message for one subscriber (sealed for it alone with aes-gcm); never blocks (zmq.Again)."""
+        """A control message for one subscriber (sealed for it alone with aes-gcm), after the K message owed to
+        it; never blocks (zmq.Again)."""
+        self._send_key(routing)
         if self.seal is not None:
             message = self.seal.to(name, message)
         self._sock.send_multipart([routing] + message, flags=zmq.NOBLOCK)
+
+    def send_chunk(self, routing: bytes, message: list) -> None:
+        """A chunk for one subscriber, after the K message owed to it (its version's key); zmq.Again if its
+        queue is full."""
+        self._send_key(routing)
+        self._sock.send_multipart([routing] + message, copy=False, flags=zmq.NOBLOCK)
 
     @property
     def auth_refused(self) -> int:
@@ -395,6 +428,9 @@ class WeightPublisher:
         if not self.peers:
             log.warning("weights publisher: version %d has no subscribers", version)
         self.published = max(self.published, version)
+        for routing, name in self.peers.items():  # the version (and its chunk key) before any of its chunks
+            self._keys_owed[routing] = (name, version)
+        self._send_keys()
         self.stalled.pop(version, None)  # sent again (to a restarted subscriber): whoever skipped it gets it now
         for old in [v for v in self.acks if v < version - 4]:  # bounded bookkeeping
             self.acks.pop(old, None)
@@ -413,7 +449,7 @@ class WeightPublisher:
             })
             messages.append([b"C", header] + [view for _, _, view in chunk])
         if self.seal is not None:
-            messages = SealedChunks(messages, self.seal.chunks, self.seal.buffers)
+            messages = SealedChunks(version, messages, self.seal.chunks, self.seal.buffers)
         if self.fanout == "relay":
             from core.weights_relay import RelayFanout
 
@@ -460,7 +496,7 @@ class WeightPublisher:
                 i = cursor[peer]
                 while i < len(messages):
                     try:
-                        self._sock.send_multipart([peer] + messages[i], copy=False, flags=zmq.NOBLOCK)
+                        self.send_chunk(peer, messages[i])
                     except zmq.Again:  # this peer's queue is full: serve the others meanwhile
                         break
                     except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer went away

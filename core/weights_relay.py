@@ -171,7 +171,7 @@ class RelayFanout:
             i = self.feeds[name]
             while i < self.n:
                 try:
-                    self.pub._sock.send_multipart([routing] + self.messages[i], copy=False, flags=zmq.NOBLOCK)
+                    self.pub.send_chunk(routing, self.messages[i])
                 except zmq.Again:
                     break
                 except zmq.ZMQError as exc:  # EHOSTUNREACH: it went away

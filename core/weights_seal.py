@@ -1,22 +1,34 @@
 """The sealed weights channel (`transport.cipher=aes-gcm`): every message on plain TCP, sealed with AES-256-GCM in
 the sending and receiving threads (core.seal has the primitives and why: CurveZMQ runs at a third of plain TCP on
-a 256 MB model here).
+a 256 MB model here), and the "K" message every mode sends: the publisher's version, and its chunk key.
 
-Keys, all from the run's CURVE key pairs (core.curve.RunKeys); nothing new is handed out:
+Keys, all from the run's CURVE key pairs (core.curve.RunKeys) and one random secret of the publisher:
 - Up (hello, ack, progress): sealed by each subscriber for the publisher (`core.seal.Sealer`, label
   "weights-up"). The publisher names the sender by its key, as ZAP did: a hello or an ack under another name
   is refused, and a message that is not sealed with a key of the run is refused and counted (`refused`).
-- Down, to one subscriber (its relay links, the chunk key): sealed by the publisher for that subscriber's key
+- Down, to one subscriber (its relay links, its K messages): sealed by the publisher for that subscriber's key
   (label "weights-down").
-- Chunks: sealed once per chunk with a random 256-bit key of the publisher (`ChunkSealer`), which the publisher
-  hands each subscriber that said hello, sealed for that subscriber alone (a "K" message). Relays forward the
-  sealed frames as they came, so a chain costs one encryption per chunk, not one per hop, and a relay's inbound
-  socket admits frames from anyone but opens only chunks sealed with the key.
+- Chunks: sealed once per chunk with the key of their version, HKDF(the publisher's secret, version)
+  (`ChunkSealer`); the clear seal header names the version, and is part of what the tag authenticates. Relays
+  forward the sealed frames as they came, so a chain costs one encryption per chunk, not one per hop.
 
-A chunk's nonce is (frame index, a counter of the sealer), unique per key. A replayed chunk is a genuine chunk
-of a version and sequence number the subscriber already handles (old versions and chunks it holds are ignored),
-so there is no replay window to keep. A chunk whose parts do not authenticate is refused without touching what
-the assembly counts as filled (core.weights_subscriber), so a forger cannot make a subscriber drop a version.
+The K message [b"K", {"nonce", "version", "key"}]: the publisher answers each hello with one (the version it is
+at), and sends one to every subscriber before the chunks of each version it publishes (that version, and with
+aes-gcm its chunk key, sealed for that subscriber alone). "nonce" repeats the random nonce of the hello it
+answers, so it is valid for one incarnation of a subscriber only.
+
+What must hold:
+- A subscriber holds the keys of versions the publisher announced to *this* incarnation, no other: a K message
+  whose nonce is not its own (a capture from an earlier incarnation) is refused, and so is every message of the
+  publisher's down session sealed before the first K message that carries its nonce (`SubscriberSeal`). A
+  restarted subscriber therefore cannot open chunks of versions older than the one the publisher was at when
+  it said hello, and does not go back to them (core.weights_subscriber).
+- A chunk's nonce is (frame index, a counter of the sealer), unique per key: the counter never repeats within a
+  publisher, and keys are per version and per publisher.
+- A chunk is opened before anything reads its header; a part that does not authenticate is refused without
+  touching what the assembly counts as filled (core.weights_assembly), so a forger cannot make a subscriber drop
+  or complete a version. A genuine chunk replayed (early, late, twice, or from an old version) is authentic but
+  out of place: the subscriber ignores and counts it; there is no replay window to keep.
 """
 from __future__ import annotations
 
@@ -24,78 +36,146 @@ import collections
 import os
 import struct
 
+import msgpack
 import zmq
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from core.curve import CurveClient, CurveServer
-from core.seal import TAG_BYTES, Opener, Sealer, SealError
+from core.seal import HEADER, TAG_BYTES, Opener, Sealer, SealError
+from core.trajectory import WireError
 
-CHUNK_MAGIC = b"AGC1"
-CHUNK_HEADER = struct.Struct("<4s16sQ")  # magic, key id, counter
+CHUNK_MAGIC = b"AGC2"
+CHUNK_HEADER = struct.Struct("<4sqQ")  # magic, version, counter
 _NONCE = struct.Struct("<IQ")  # frame index, counter
 _COUNT = struct.Struct("<I")
 KEY_MESSAGE = b"K"
 UP, DOWN = b"weights-up", b"weights-down"
 PUBLISHER = "the publisher"
+NONCE_CHARS = 32  # 16 random bytes, hex
+MAX_VERSION = (1 << 62) - 1
+
+
+def new_nonce() -> str:
+    return os.urandom(NONCE_CHARS // 2).hex()
+
+
+def hello_nonce(body: dict) -> str:
+    """The nonce of a hello ("" if it has none); WireError if it is not 32 hex characters."""
+    nonce = body.get("nonce", "")
+    if not isinstance(nonce, str) or (nonce and (len(nonce) != NONCE_CHARS or not _is_hex(nonce))):
+        raise WireError("nonce", f"expected {NONCE_CHARS} hex characters")
+    return nonce
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
+def key_message(nonce: str, version: int, key: bytes = b"") -> list[bytes]:
+    """The K message answering the hello that carried `nonce`: `version`, and (aes-gcm) its chunk key."""
+    return [KEY_MESSAGE, msgpack.packb({"nonce": nonce, "version": version, "key": key.hex()})]
+
+
+def read_key_message(frames: list, nonce: str, sealed: bool) -> tuple[int, bytes]:
+    """(version, chunk key) of a K message for the incarnation whose hello carried `nonce`; WireError otherwise
+    (field "nonce" when it answers another hello)."""
+    if len(frames) != 2:
+        raise WireError("frames", f"a K message has 2 frames, got {len(frames)}")
+    try:
+        body = msgpack.unpackb(frames[1], raw=False, max_str_len=128, max_bin_len=0, max_array_len=0,
+                               max_map_len=3, max_ext_len=0)
+    except Exception as exc:
+        raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(body, dict) or set(body) != {"nonce", "version", "key"}:
+        raise WireError("body", "expected a map of nonce, version and key")
+    version, key = body["version"], body["key"]
+    if not isinstance(version, int) or isinstance(version, bool) or not -1 <= version <= MAX_VERSION:
+        raise WireError("version", f"expected an int in [-1, {MAX_VERSION}]")
+    want = 64 if sealed and version >= 0 else 0
+    if not isinstance(key, str) or len(key) != want or not _is_hex(key):
+        raise WireError("key", f"expected {want} hex characters")
+    if not nonce or body["nonce"] != nonce:
+        raise WireError("nonce", "a K message answering another hello (an earlier incarnation's, replayed)")
+    return version, bytes.fromhex(key)
 
 
 def is_chunk(frames: list) -> bool:
     return len(frames) >= 2 and len(frames[0]) == CHUNK_HEADER.size and bytes(frames[0][:4]) == CHUNK_MAGIC
 
 
-class ChunkSealer:
-    """The publisher's chunk key: seals a chunk [b"C", header, parts...] as [seal header, header, parts...]."""
+def chunk_version(frames: list) -> int:
+    """The version a sealed chunk's clear header claims (authenticated only once the chunk is opened)."""
+    return CHUNK_HEADER.unpack(bytes(frames[0]))[1]
 
-    def __init__(self):
-        self.key_id, self.key = os.urandom(16), AESGCM.generate_key(256)
-        self._cipher = AESGCM(self.key)
+
+def _derive(secret: bytes, version: int) -> bytes:
+    info = b"agentgym weights chunk v2 " + struct.pack("<q", version)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+
+
+class ChunkSealer:
+    """The publisher's chunk keys: seals a chunk [b"C", header, parts...] of `version` as [seal header, header,
+    parts...] under that version's key."""
+
+    def __init__(self, max_keys: int = 4):
+        self._secret = os.urandom(32)
+        self._ciphers: collections.OrderedDict[int, AESGCM] = collections.OrderedDict()
+        self.max_keys = max_keys
         self._counter = 0
 
-    def seal(self, message: list, pool: BufferPool | None = None) -> list:
+    def key(self, version: int) -> bytes:
+        return _derive(self._secret, version)
+
+    def _cipher(self, version: int) -> AESGCM:
+        cipher = self._ciphers.get(version)
+        if cipher is None:
+            cipher = self._ciphers[version] = AESGCM(self.key(version))
+            while len(self._ciphers) > self.max_keys:
+                self._ciphers.popitem(last=False)
+        return cipher
+
+    def seal(self, version: int, message: list, pool: BufferPool | None = None) -> list:
         """`pool`: large frames are sealed into its recycled buffers (zero-copy zmq frames it tracks)."""
+        cipher = self._cipher(version)
         self._counter += 1
         frames = message[1:]
-        header = CHUNK_HEADER.pack(CHUNK_MAGIC, self.key_id, self._counter)
+        header = CHUNK_HEADER.pack(CHUNK_MAGIC, version, self._counter)
         aad = header + _COUNT.pack(len(frames))
         sealed: list = [header]
         for i, frame in enumerate(frames):
             nonce = _NONCE.pack(i, self._counter)
             size = memoryview(frame).nbytes + TAG_BYTES
             if pool is None or size < pool.min_bytes:
-                sealed.append(self._cipher.encrypt(nonce, frame, aad))
+                sealed.append(cipher.encrypt(nonce, frame, aad))
             else:
                 out = pool.take(size)
-                self._cipher.encrypt_into(nonce, frame, aad, out)
+                cipher.encrypt_into(nonce, frame, aad, out)
                 sealed.append(pool.frame(out))
         return sealed
 
-    def key_message(self) -> list[bytes]:
-        return [KEY_MESSAGE, self.key_id + self.key]
-
 
 class ChunkOpener:
-    """A subscriber's chunk keys (the last few publishers'): opens a sealed chunk's header, then its parts straight
-    into the buffers they belong in."""
+    """A subscriber's chunk keys (of the last few versions announced to it): opens a sealed chunk's header, then
+    its parts straight into the buffers they belong in."""
 
     def __init__(self, max_keys: int = 4):
-        self._keys: collections.OrderedDict[bytes, AESGCM] = collections.OrderedDict()
+        self._keys: dict[int, AESGCM] = {}
         self.max_keys = max_keys
         self.refused: collections.Counter[str] = collections.Counter()
 
-    def learn(self, body: bytes) -> None:
-        if len(body) != 48:
-            raise self.refuse("malformed", f"a chunk key message of {len(body)} bytes, expected 48")
-        self._keys[bytes(body[:16])] = AESGCM(bytes(body[16:]))
-        while len(self._keys) > self.max_keys:
-            self._keys.popitem(last=False)
+    def learn(self, version: int, key: bytes) -> None:
+        if len(key) != 32:
+            raise self.refuse("malformed", f"a chunk key of {len(key)} bytes, expected 32")
+        if version not in self._keys:
+            self._keys[version] = AESGCM(key)
+            for old in sorted(self._keys)[:-self.max_keys]:  # the newest versions are kept
+                del self._keys[old]
 
-    def knows(self, frames: list) -> bool:
-        return bytes(frames[0][4:20]) in self._keys
-
-    @property
-    def has_key(self) -> bool:
-        return bool(self._keys)
+    def knows(self, version: int) -> bool:
+        return version in self._keys
 
     def refuse(self, reason: str, message: str) -> SealError:
         self.refused[reason] += 1
@@ -104,18 +184,19 @@ class ChunkOpener:
     def open(self, frames: list) -> OpenChunk:
         """The chunk's plain header, and a way to open its parts; SealError if it is not one of ours."""
         header = bytes(frames[0])
-        _, key_id, counter = CHUNK_HEADER.unpack(header)
-        cipher = self._keys.get(key_id)
+        _, version, counter = CHUNK_HEADER.unpack(header)
+        cipher = self._keys.get(version)
         if cipher is None:
-            raise self.refuse("unknown_key", "a chunk sealed with a key this subscriber was not given")
-        chunk = OpenChunk(self, cipher, header + _COUNT.pack(len(frames) - 1), counter)
+            raise self.refuse("unknown_key", f"a chunk of version {version}, whose key this subscriber was not given")
+        chunk = OpenChunk(self, cipher, header + _COUNT.pack(len(frames) - 1), version, counter)
         chunk.header = chunk.plain(0, frames[1])
         return chunk
 
 
 class OpenChunk:
-    def __init__(self, opener: ChunkOpener, cipher: AESGCM, aad: bytes, counter: int):
+    def __init__(self, opener: ChunkOpener, cipher: AESGCM, aad: bytes, version: int, counter: int):
         self._opener, self._cipher, self._aad, self._counter = opener, cipher, aad, counter
+        self.version = version  # authenticated: the header is part of the associated data
         self.header = b""
 
     def plain(self, index: int, frame) -> bytes:
@@ -130,6 +211,11 @@ class OpenChunk:
 
     def refuse(self, message: str) -> SealError:
         return self._opener.refuse("forged", message)
+
+    def verify(self, parts: list) -> None:
+        """Authenticate every part without keeping it (a chunk that is then ignored); SealError if one fails."""
+        for i, frame in enumerate(parts):
+            self.plain(i + 1, frame)
 
     def open_into(self, part: int, frame, out: memoryview) -> None:
         """Open part `part` (frame part + 1) into `out` (exactly its plain size). On a refusal `out` holds
@@ -169,12 +255,19 @@ class PublisherSeal:
 
 
 class SubscriberSeal:
-    """A subscriber's keys: seals what it sends up, opens what the publisher sends it and the chunks."""
+    """A subscriber's keys: seals what it sends up, opens what the publisher sends it and the chunks.
 
-    def __init__(self, client: CurveClient, max_control_bytes: int):
+    `nonce`: the one this incarnation's hello carries. Of the publisher's down messages, only a K message with
+    that nonce is taken first; it pins the publisher's down session (its salt), and every later message must
+    come from that session with a growing counter (core.seal.Opener), so nothing sealed for an earlier
+    incarnation, before this one said hello, opens here."""
+
+    def __init__(self, client: CurveClient, max_control_bytes: int, nonce: str):
         self._up = Sealer(client, UP)
         self._down = Opener(CurveServer(client.keys, {client.server_public: PUBLISHER}), DOWN)
         self._max = max_control_bytes
+        self.nonce = nonce
+        self._session: bytes | None = None
         self.chunks = ChunkOpener()
 
     @property
@@ -185,10 +278,22 @@ class SubscriberSeal:
         return self._up.seal(message)
 
     def open_control(self, frames: list) -> list[bytes]:
-        """[kind, body] of a message the publisher sealed for this subscriber; a chunk key is learned here."""
+        """[kind, body] of a message the publisher sealed for this incarnation; a chunk key is learned here.
+        SealError (reason "replayed") for one sealed for an earlier incarnation."""
         _, plain = self._down.open(frames, 2, self._max)
+        salt = HEADER.unpack(bytes(frames[0]))[2]
         if plain[0] == KEY_MESSAGE:
-            self.chunks.learn(plain[1])
+            try:
+                version, key = read_key_message(plain, self.nonce, sealed=True)
+            except WireError as exc:
+                raise self.chunks.refuse("replayed" if exc.field == "nonce" else "malformed", str(exc)) from None
+            if self._session is None:
+                self._session = salt
+            if version >= 0:
+                self.chunks.learn(version, key)
+        if salt != self._session:
+            raise self.chunks.refuse("replayed", "a message of the publisher sealed before this subscriber's "
+                                                 "hello was answered")
         return plain
 
 
@@ -227,8 +332,9 @@ class SealedChunks:
     copies are kept, so sealing never holds a second copy of the model; a chunk sent again later (a slow peer,
     a re-feed) is sealed again, under a new counter."""
 
-    def __init__(self, messages: list[list], sealer: ChunkSealer, pool: BufferPool | None = None, window: int = 24):
-        self._messages, self._sealer, self._pool, self.window = messages, sealer, pool, window
+    def __init__(self, version: int, messages: list[list], sealer: ChunkSealer, pool: BufferPool | None = None,
+                 window: int = 24):
+        self.version, self._messages, self._sealer, self._pool, self.window = version, messages, sealer, pool, window
         self._sealed: dict[int, list] = {}
 
     def __len__(self) -> int:
@@ -237,7 +343,7 @@ class SealedChunks:
     def __getitem__(self, i: int) -> list:
         sealed = self._sealed.get(i)
         if sealed is None:
-            sealed = self._sealed[i] = self._sealer.seal(self._messages[i], self._pool)
+            sealed = self._sealed[i] = self._sealer.seal(self.version, self._messages[i], self._pool)
             while len(self._sealed) > self.window:
                 del self._sealed[next(iter(self._sealed))]
         return sealed

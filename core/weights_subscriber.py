@@ -1,18 +1,27 @@
 """The generator's end of the weights channel (core.weights_channel has the protocol and the publisher).
 
 What must hold:
-- Nothing the publisher's socket delivers stops the subscriber: every malformed chunk raises `WireError`
-  inside, is dropped and counted (`dropped`), and the version it belonged to is abandoned; `poll` goes on.
+- Nothing a socket delivers stops the subscriber or raises out of `poll`: a malformed chunk raises `WireError`
+  inside and is dropped and counted (`drops`, by field); a MemoryError while taking one, the last line, the
+  same (field "memory"). A dropped chunk leaves what is being assembled exactly as it was.
 - Every header number is an integer in range before it is used, shapes, dtypes and byte counts agree, and a
   version's buffers are checked against what this subscriber expects (`expected`: tensor name -> shape, the
-  model's own parameters) and against `max_total_bytes` *before* anything is allocated (core.weights_assembly).
-- Sealed (`curve` with cipher aes-gcm, core.weights_seal): every message is opened before anything reads it;
-  one that does not open is dropped and counted (reason "auth") and leaves what is being assembled as it was.
-- Chunks of a version arrive in order on each path (the publisher's connection, or a relay predecessor's). A
-  chunk 0 of a version newer than the one being assembled and the last one handed out supersedes a partial
-  version (counted in `abandoned`); a chunk this subscriber already has (a re-feed after the chain was re-linked)
-  is ignored; chunks that do not continue the version being assembled are dropped. So a bogus or abandoned
-  version never blocks the next valid one.
+  model's own parameters) and against `max_total_bytes` *before* anything is allocated (core.weights_assembly);
+  without either, the budget is this machine's physical memory, so no header can ask for more.
+- Authenticity before order. Sealed (`curve` with cipher aes-gcm, core.weights_seal): a message is opened, and
+  a chunk's every part authenticated, before it can change anything; one that does not open is refused and
+  counted (reason "auth"). An authentic chunk out of place (an older version, a chunk held already, one that
+  arrives early) is ignored and counted in `ignored`, by reason ("old", "duplicate", "early"): never a reason to
+  drop the version being assembled, so the genuine chunks that follow still complete it.
+- Versions. The publisher answers the hello with a K message bound to this incarnation's nonce, naming the
+  version it is at: this subscriber never takes an older one (a restarted replica cannot be rolled back), and
+  with aes-gcm it holds only the chunk keys of versions announced to it since. A chunk from a relay predecessor
+  must be of a version the publisher announced (a K message before each version; one racing its chunk is
+  awaited at most `KEY_WAIT_S`, once per version): a number far ahead, authenticated or not, is dropped and
+  counted (field "version"), never waited on. A chunk 0 of a newer announced version supersedes a partial one,
+  and any chunk 0 of an announced version supersedes one that took nothing for `stall_s` (the publisher's
+  stall timeout when it relays): both counted in `abandoned` and logged. So no version number, and no chunk
+  that never continues, can wedge a subscriber.
 - Relay (`relay_host` given; core.weights_relay has the chain): every chunk accepted here, and only those, is
   forwarded to the successor the publisher names, before the version it completes is handed out; progress
   reports go to the publisher every `heartbeat_s` while polling, and at once when a version completes.
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import uuid
 
@@ -37,11 +47,18 @@ from core.weights_assembly import Assembly, parse_chunk_header
 from core.weights_channel import MAX_CONTROL_BYTES, WeightSet
 from core.weights_control import parse_link, progress_message, unpack_map
 from core.weights_forward import Forwarder
-from core.weights_seal import OpenChunk, SubscriberSeal, is_chunk
+from core.weights_seal import (KEY_MESSAGE, PUBLISHER, OpenChunk, SubscriberSeal, chunk_version, is_chunk,
+                                 new_nonce, read_key_message)
 
 log = logging.getLogger("agentgym.weights")
 
-KEY_WAIT_S = 2.0  # how long a relayed chunk sealed with a key not yet known waits for it on the publisher's path
+KEY_WAIT_S = 2.0  # how long a relayed chunk of a version not yet announced waits for it on the publisher's path
+STALL_S = 30.0  # a partial version that took nothing for this long gives way to any chunk 0 (until a link says)
+
+
+def physical_memory() -> int:
+    """Bytes of this machine's memory: no version can be larger."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class WeightSubscriber:
@@ -66,7 +83,7 @@ class WeightSubscriber:
         self.expected = {k: tuple(v) for k, v in expected.items()} if expected is not None else None
         if self.expected is not None and not max_total_bytes:  # the widest dtype a version may use
             max_total_bytes = sum(math.prod(s) for s in self.expected.values()) * 8
-        self.max_total_bytes = max_total_bytes
+        self.max_total_bytes = max_total_bytes or physical_memory()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.ROUTING_ID, f"{self.name}-{uuid.uuid4().hex[:6]}".encode())
         self._sock.setsockopt(zmq.RCVHWM, 8)
@@ -75,7 +92,8 @@ class WeightSubscriber:
         # aes-gcm: every message sealed here (core.weights_seal), chunks forwarded still sealed; curvezmq: CURVE
         # on this socket and on the relay sockets.
         sealed = curve is not None and curve.cipher == "aes-gcm"
-        self.seal = SubscriberSeal(curve, MAX_CONTROL_BYTES) if sealed else None
+        self.nonce = new_nonce()  # this incarnation's: the publisher's K message must repeat it
+        self.seal = SubscriberSeal(curve, MAX_CONTROL_BYTES, self.nonce) if sealed else None
         curve_sockets = curve is not None and self.seal is None
         if curve_sockets:
             curve.apply(self._sock)
@@ -88,7 +106,7 @@ class WeightSubscriber:
                                    cipher=curve.cipher if curve is not None else "curvezmq")
         self._sock.connect(endpoint)
         hello = {"name": self.name, **({"relay": self.relay.endpoint} if self.relay is not None else {}),
-                 **({"shm": True} if shm else {})}
+                 **({"shm": True} if shm else {}), "nonce": self.nonce}
         self.shm = shm
         self.shelved = 0  # versions taken from the publisher's shared memory
         self._send([b"H", msgpack.packb(hello)])
@@ -101,7 +119,12 @@ class WeightSubscriber:
         self._ready: WeightSet | None = None  # complete, handed out once forwarded on (relay)
         self._ready_buffers: dict[str, np.ndarray] = {}
         self.latest_version = -1
+        self.announced = -1  # the newest version the publisher announced to this incarnation
+        self._answered = False  # whether its K message answering the hello came
+        self._awaited = -1  # the last version a relayed chunk waited for the announcement of
+        self.key_wait_s, self.stall_s = KEY_WAIT_S, STALL_S
         self.drops = DropLog("weights chunk", log)
+        self.ignored = DropLog("weights chunk (out of place: ignored)", log)
         self.abandoned = 0
         self.heartbeat_s = heartbeat_s
         self._epoch = 0
@@ -143,40 +166,43 @@ class WeightSubscriber:
         self._sock.send_multipart(self.seal.seal(message) if self.seal is not None else message, flags=flags)
 
     def _receive(self, received: list, source: str) -> None:
-        frames = [f.buffer for f in received]
+        """Take one message from `source` (the receive loop's body): whatever it holds, nothing raises out."""
+        where = f"{source} (at {self.name})"
         try:
-            if self.seal is not None:
-                frames, chunk = self._open(frames, source)
-            else:
-                chunk = None
-        except SealError as exc:
-            self.drops.drop(f"{source} (at {self.name})", "auth", str(exc))
-            return
-        if frames and bytes(frames[0][:2]) == b"L" and source == "the publisher":
-            try:
-                self._link(frames)
-            except WireError as exc:
-                self.drops.drop(f"{source} (at {self.name})", exc.field, str(exc))
-            return
-        if frames and bytes(frames[0][:2]) == b"K" and self.seal is not None:
-            return  # the chunk key, learned in `_open`
-        if frames and bytes(frames[0][:2]) in (b"M", b"S") and source == "the publisher" and self.shm:
-            try:
-                self._same_node(frames)
-            except WireError as exc:
-                self.drops.drop(f"{source} (at {self.name})", exc.field, str(exc))
-            return
-        try:
-            done = self._accept(frames, chunk)
-        except SealError as exc:  # a forged part: refused, the assembly untouched
-            self.drops.drop(f"{source} (at {self.name})", "auth", str(exc))
-            return
+            self._take(received, [f.buffer for f in received], source)
+        except SealError as exc:  # not sealed with the run's keys, or forged: the assembly untouched
+            self.drops.drop(where, "auth", str(exc))
         except WireError as exc:
-            if self._assembly is not None:  # a version with a bad chunk cannot be trusted
-                self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
-                self._assembly = None
-            self.drops.drop(f"{source} (at {self.name})", exc.field, str(exc))
+            self.drops.drop(where, exc.field, str(exc))
+        except MemoryError:  # the last line: the budget is checked before any allocation
+            self.drops.drop(where, "memory", "no memory for a chunk within the budget")
+
+    def _take(self, received: list, frames: list, source: str) -> None:
+        chunk = None
+        if self.seal is not None:
+            if is_chunk(frames):
+                version = chunk_version(frames)
+                if version <= self.latest_version:  # no key needed to see it is of no use
+                    self.ignored.drop(f"{source} (at {self.name})", "old", f"a chunk of version {version}")
+                    return
+                if source != PUBLISHER and not self.seal.chunks.knows(version):
+                    self._await(version)
+                chunk = self.seal.chunks.open(frames)
+                frames = [b"C", chunk.header] + frames[2:]
+            elif source != PUBLISHER:
+                raise self.seal.chunks.refuse("malformed", "not a sealed chunk")
+            else:
+                frames = self.seal.open_control(frames)
+        kind = bytes(frames[0][:2]) if frames else b""
+        if source == PUBLISHER and (kind in (b"L", KEY_MESSAGE) or (kind in (b"M", b"S") and self.shm)):
+            if kind == b"L":
+                self._link(frames)
+            elif kind == KEY_MESSAGE:
+                self._announce(frames)
+            else:
+                self._same_node(frames)
             return
+        done = self._accept(frames, chunk, source)
         if self._accepted and self.relay is not None:
             self.relay.forward(received)
         if done is not None:
@@ -184,22 +210,32 @@ class WeightSubscriber:
             if self.relay is not None:
                 self._report()
 
-    def _open(self, frames: list, source: str):
-        """(plain frames, None) of a message sealed for this subscriber, or ([b"C", header], OpenChunk) of a
-        sealed chunk; SealError if it is neither."""
-        if not is_chunk(frames):
-            if source != "the publisher":
-                raise self.seal.chunks.refuse("malformed", "not a sealed chunk")
-            return self.seal.open_control(frames), None
-        if not self.seal.chunks.has_key and source != "the publisher":
-            # A predecessor's chunk can overtake the key, sent on the publisher's connection: read that first
-            # (only before the key has come: a chunk with another key is refused at once).
-            deadline = time.monotonic() + KEY_WAIT_S
-            while not self.seal.chunks.knows(frames) and \
-                    self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                self._receive(self._sock.recv_multipart(copy=False), "the publisher")
-        chunk = self.seal.chunks.open(frames)
-        return [b"C", chunk.header] + frames[2:], chunk
+    def _announce(self, frames: list) -> None:
+        """The publisher's K message (its key, if sealed, learned as it was opened): the version it is at, or
+        publishes now. The first one answers this incarnation's hello: nothing older is taken from then on."""
+        version, _ = read_key_message(frames, self.nonce, sealed=self.seal is not None)
+        if not self._answered:
+            self._answered = True
+            self.latest_version = max(self.latest_version, version - 1)
+            if self._assembly is not None and self._assembly.version <= self.latest_version:
+                self._abandon(f"older than version {version}, which the publisher is at")
+        self.announced = max(self.announced, version)
+
+    def _announced(self, version: int) -> bool:
+        return self.seal.chunks.knows(version) if self.seal is not None else version <= self.announced
+
+    def _await(self, version: int) -> None:
+        """Read what the publisher sent until `version` is announced: what is there now and, for the version
+        after the last announced (or any before the hello was answered), up to `key_wait_s` more, once per
+        version: a relayed chunk can overtake its K message, and a made-up number costs one wait at most."""
+        wait = version != self._awaited and (not self._answered or version == self.announced + 1)
+        if wait:
+            self._awaited = version
+        deadline = time.monotonic() + (self.key_wait_s if wait else 0)
+        while not self._announced(version):
+            if not self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                return
+            self._receive(self._sock.recv_multipart(copy=False), PUBLISHER)
 
     def _same_node(self, frames: list) -> None:
         """The publisher's probe (answered with the token read from its memory) or a version on its shelf."""
@@ -231,6 +267,7 @@ class WeightSubscriber:
             raise WireError("kind", "a relay link for a subscriber that does not relay")
         self.relay.admit(link.prev_key)
         self.relay.link(link.next, link.next_key, link.stall_s)
+        self.stall_s = link.stall_s
         self._epoch = max(self._epoch, link.epoch)
         self._report()
 
@@ -262,37 +299,46 @@ class WeightSubscriber:
         """Chunks dropped as malformed."""
         return self.drops.total
 
-    def _accept(self, frames: list, sealed: OpenChunk | None = None) -> WeightSet | None:
+    def _accept(self, frames: list, sealed: OpenChunk | None = None, source: str = PUBLISHER) -> WeightSet | None:
         """Take one chunk (`sealed`: its parts are still sealed); the version it completes, else None.
-        `_accepted` says whether it was new here."""
+        `_accepted` says whether it was new here. Raises WireError (SealError) leaving the assembly as it was."""
         self._accepted = False
         if len(frames) < 2 or bytes(frames[0]) != b"C":
             raise WireError("kind", "expected a weights chunk")
         version, seq, n_chunks, parts = parse_chunk_header(frames[1], len(frames) - 2)
-        if version <= self.latest_version:
-            return None  # an old version finishing after a newer one was applied
+        if sealed is not None and version != sealed.version:
+            raise sealed.refuse(f"a chunk of version {version} sealed as one of version {sealed.version}")
+        if version <= self.latest_version:  # an old version finishing after a newer one was handed out
+            return self._ignore("old", source, f"a chunk of version {version}", sealed, frames)
+        if source == PUBLISHER:  # its own connection: it announced the version by sending it
+            self.announced = max(self.announced, version)
+        elif version > self.announced:
+            self._await(version)
+            if version > self.announced:
+                raise WireError("version", f"a chunk of version {version} from {source}: the publisher announced "
+                                           f"{self.announced}")
         current = self._assembly
-        if current is not None and version < current.version:
-            return None  # an older version, late on a slower path
-        if current is None or current.version != version:
+        restart = seq == 0 and current is not None and time.monotonic() - current.touched > self.stall_s
+        if current is not None and version < current.version and not restart:
+            return self._ignore("old", source, f"a chunk of version {version}, {current.version} began", sealed,
+                                frames)
+        if current is None or current.version != version or restart:
             if seq != 0:
-                raise WireError("seq", f"chunk {seq} of version {version}, which has not begun here")
-            current = Assembly(version, n_chunks, self._spare, self.expected, self.max_total_bytes)
+                return self._ignore("early", source, f"chunk {seq} of version {version}, which has not begun here",
+                                    sealed, frames)
+            fresh = Assembly(version, n_chunks, self._spare, self.expected, self.max_total_bytes)
+            fresh.add(0, parts, frames[2:], sealed)
+            if current is not None:  # abandoned by the publisher, or stalled
+                self._abandon("stalled" if restart else f"superseded by version {version}")
+            self._assembly = current = fresh
         elif n_chunks != current.n_chunks:
             raise WireError("n_chunks", f"version {version} changed its chunk count")
-        elif seq < current.next_seq:
-            return None  # a chunk this subscriber has: the version was fed again after a re-link
-        try:
+        elif seq != current.next_seq:  # a re-feed after the chain was re-linked, or a replay
+            why = "duplicate" if seq < current.next_seq else "early"
+            return self._ignore(why, source, f"chunk {seq} of version {version}, expected {current.next_seq}",
+                                sealed, frames)
+        else:
             current.add(seq, parts, frames[2:], sealed)
-        except WireError:  # a forged part (SealError) leaves what was being assembled as it was
-            if current is not self._assembly:
-                self._spare.update({n: b for n, (_, _, b) in current.buffers.items()})
-            raise
-        if current is not self._assembly:
-            if self._assembly is not None:  # abandoned by the publisher: a version that began later supersedes it
-                self.abandoned += 1
-                self._spare.update({n: b for n, (_, _, b) in self._assembly.buffers.items()})
-            self._assembly = current
         self._accepted = True
         if not current.complete():
             return None
@@ -301,6 +347,20 @@ class WeightSubscriber:
         self._assembly = None
         self.latest_version = version
         return done
+
+    def _ignore(self, reason: str, source: str, what: str, sealed: OpenChunk | None, frames: list) -> None:
+        """Count an authentic chunk out of place (SealError if a sealed one's parts do not authenticate)."""
+        if sealed is not None:
+            sealed.verify(frames[2:])
+        self.ignored.drop(f"{source} (at {self.name})", reason, what)
+
+    def _abandon(self, why: str) -> None:
+        a, self._assembly = self._assembly, None
+        self.abandoned += 1
+        self._spare.update({n: b for n, (_, _, b) in a.buffers.items()})
+        level = logging.WARNING if why == "stalled" else logging.INFO
+        log.log(level, "%s: version %d abandoned at chunk %d of %d (%s)", self.name, a.version, a.next_seq,
+                a.n_chunks, why)
 
     def ack(self, version: int, ok: bool = True, error: str = "") -> None:
         self._send([b"A", msgpack.packb({"version": version, "ok": ok, "error": error[:1000]})])

@@ -12,7 +12,7 @@ import zmq
 
 from core.curve import RunKeys
 from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_seal import CHUNK_HEADER, BufferPool, ChunkOpener, ChunkSealer, PublisherSeal
+from core.weights_seal import CHUNK_HEADER, BufferPool, ChunkOpener, ChunkSealer, PublisherSeal, key_message
 from core.weights_subscriber import WeightSubscriber
 
 N = 20_000
@@ -33,7 +33,7 @@ def test_a_sealed_version_arrives_intact_and_nothing_of_it_is_readable_on_the_wi
     sub = WeightSubscriber(pub.endpoint, name="generator-0", curve=keys.weights_client("generator-0"))
     pub.wait_for_peers(1, timeout_s=5)
     values = np.arange(100_000, dtype=np.float32)  # 400 KB: seven chunks
-    sealed = pub.seal.chunks.seal([b"C", b"header", values.tobytes()[:4096]])
+    sealed = pub.seal.chunks.seal(1, [b"C", b"header", values.tobytes()[:4096]])
     assert values.tobytes()[:64] not in b"".join(sealed)  # encrypted, not only authenticated
     pub.publish(1, [TensorBytes("w", "float32", values.shape, values.data)])
     got = sub.poll(10_000)
@@ -43,6 +43,10 @@ def test_a_sealed_version_arrives_intact_and_nothing_of_it_is_readable_on_the_wi
     assert pub.auth_refused == 0 and sub.drops.total == 0
     sub.close()
     pub.close()
+
+
+def version_of(sealed: list) -> int:
+    return CHUNK_HEADER.unpack(bytes(sealed[0]))[1]
 
 
 def _mutate(rng: random.Random, sealed: list[bytes], other: list[bytes]) -> list[bytes]:
@@ -71,7 +75,7 @@ def _mutate(rng: random.Random, sealed: list[bytes], other: list[bytes]) -> list
         else:
             frames[-1] = frames[-1] + b"\x01"
     else:  # sealed under a key the subscriber was never given
-        frames = ChunkSealer().seal([b"C"] + [b"x"] * (len(frames) - 1))
+        frames = ChunkSealer().seal(version_of(sealed), [b"C"] + [b"x"] * (len(frames) - 1))
     if frames == [bytes(f) for f in sealed]:  # e.g. a flip that cancelled out: alter it for sure
         frames[-1] = frames[-1] + b"\x02"
     return frames
@@ -89,7 +93,8 @@ def _version(version: int) -> list[list[bytes]]:
 
 def test_sealed_chunk_fuzz_nothing_altered_is_taken_and_the_assembly_is_untouched():
     """Genuine chunks of valid versions, each preceded by an altered copy: every altered one is refused as
-    unauthentic (counted), leaves the version being assembled exactly as it was, and every version completes."""
+    unauthentic or (a version number altered to an older one) ignored, counted either way, leaves the version
+    being assembled exactly as it was, and every version completes."""
     keys = RunKeys.generate(["g"], cipher="aes-gcm")
     ctx = zmq.Context()
     fake = ctx.socket(zmq.ROUTER)
@@ -98,21 +103,25 @@ def test_sealed_chunk_fuzz_nothing_altered_is_taken_and_the_assembly_is_untouche
                            curve=keys.weights_client("g"))
     fake.recv_multipart()  # its sealed hello
     seal = PublisherSeal(keys.weights_server_side(["g"]), 64 << 10)
-    sub._receive([Received(f) for f in seal.to("g", seal.chunks.key_message())], "the publisher")
-    assert sub.seal.chunks.has_key
+    sub.key_wait_s = 0  # no publisher here to wait for: a chunk of a version not announced is refused at once
     rng = random.Random(SEED)
     completed = 0
-    previous = seal.chunks.seal(_version(1)[0])
+    previous = seal.chunks.seal(1, _version(1)[0])
     for i in range(N // 2):
         version = i + 2
+        announce = key_message(sub.nonce, version, seal.chunks.key(version))
+        sub._receive([Received(f) for f in seal.to("g", announce)], "the publisher")
+        assert sub.seal.chunks.knows(version)
         for chunk in _version(version):
-            genuine = seal.chunks.seal(chunk)
+            genuine = seal.chunks.seal(version, chunk)
             context = f"seed {SEED} version {version}"
-            before = sub._assembly, sub.latest_version, sub.drops.by_reason["auth"], sub.drops.total
+            before = sub._assembly, sub.latest_version, sub.drops.by_reason["auth"] + sub.ignored.total, \
+                sub.drops.total + sub.ignored.total
             state = (before[0].next_seq, dict(before[0].filled)) if before[0] is not None else None
             sub._receive([Received(f) for f in _mutate(rng, genuine, previous)],
                          rng.choice(["the publisher", "a relay predecessor"]))
-            assert (sub.drops.by_reason["auth"], sub.drops.total) == (before[2] + 1, before[3] + 1), context
+            after = sub.drops.by_reason["auth"] + sub.ignored.total, sub.drops.total + sub.ignored.total
+            assert after == (before[2] + 1, before[3] + 1), (context, sub.drops.last_error)
             assert sub._assembly is before[0] and sub.latest_version == before[1], context
             if state is not None:
                 assert (sub._assembly.next_seq, sub._assembly.filled) == state, context
@@ -123,17 +132,18 @@ def test_sealed_chunk_fuzz_nothing_altered_is_taken_and_the_assembly_is_untouche
         assert bytes(ready.tensors["w"].data) == (np.arange(6, dtype=np.float32) * version).tobytes(), context
         sub._hand_out()
         completed += 1
-    assert completed == N // 2 and sub.seal.refused == N
+    assert completed == N // 2 and sub.seal.refused + sub.ignored.total == N
     sub.close()
     fake.close(0)
     ctx.term()
 
 
-def test_a_chunk_header_is_only_the_magic_key_id_and_counter():
+def test_a_chunk_header_is_only_the_magic_version_and_counter():
     sealer = ChunkSealer()
-    first, second = sealer.seal([b"C", b"h", b"p"]), sealer.seal([b"C", b"h", b"p"])
-    magic, key_id, counter = CHUNK_HEADER.unpack(first[0])
-    assert magic == b"AGC1" and key_id == sealer.key_id and counter == 1
+    first, second = sealer.seal(7, [b"C", b"h", b"p"]), sealer.seal(7, [b"C", b"h", b"p"])
+    magic, version, counter = CHUNK_HEADER.unpack(first[0])
+    assert magic == b"AGC2" and version == 7 and counter == 1
+    assert sealer.key(7) != sealer.key(8) and sealer.key(7) != ChunkSealer().key(7)  # per version, per publisher
     assert CHUNK_HEADER.unpack(second[0])[2] == 2 and first[1:] != second[1:]  # a new nonce for every seal
 
 
@@ -144,7 +154,7 @@ def test_a_sealed_chunk_buffer_is_reused_only_once_zeromq_has_released_it():
     pull.bind("inproc://sealed-buffers")
     push.connect("inproc://sealed-buffers")
     part = bytes(range(256)) * 400
-    sealed = sealer.seal([b"C", b"header", part], pool)
+    sealed = sealer.seal(1, [b"C", b"header", part], pool)
     assert isinstance(sealed[1], bytes) and isinstance(sealed[2], zmq.Frame)  # small frames are plain bytes
     first = pool._busy[0][0]
     push.send_multipart(sealed, copy=False)
@@ -156,7 +166,7 @@ def test_a_sealed_chunk_buffer_is_reused_only_once_zeromq_has_released_it():
         time.sleep(0.01)
     assert pool.take(len(first)) is first  # released: recycled
     opener = ChunkOpener()
-    opener.learn(sealer.key_id + sealer.key)
+    opener.learn(1, sealer.key(1))
     chunk = opener.open(got)
     out = bytearray(len(part))
     chunk.open_into(0, got[2], memoryview(out))
