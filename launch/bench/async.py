@@ -35,11 +35,12 @@ runs the modes on `--tune-seed` only and prints its figures as tuning, not as th
 must not include the tune seed (refused). Give both sides the same tuning effort.
 
 Run time: defaults (3 seeds x 2 modes, 2 blocks of 16 groups of 4 episodes, 64-token replies, the default model)
-are sized to finish within 90 min on a 2-core machine. That is an estimate, not a measurement of the full
-bench: earlier runs on a 2-core Intel Xeon with AMX took 60-83 s per synchronous step and 43-68 s per async
-step with 2 groups of 4 episodes and 128-token replies (docs/benchmarks.md); at 64 tokens a reply a step's
-generation and training roughly halve, so 16 steps a run take about 8-11 min plus about 1 min to start, 6 runs
-about 55-75 min. Run `--tune` first (two runs) to see this machine's per-step times and scale from them.
+are sized to finish within 90 min on a 2-core machine. That is an estimate from a short run, not a run of the
+full bench: `--tune --blocks 1` (one block, the tune seed, defaults otherwise; 2026-12-06, a 2-core Intel Xeon
+with AMX shared with other work) took 449 s for sync_colocated (8 steps, 379 s of them from the first admitted
+episode to the last trained step, step 1 with its 16-turn group 165 s) and 398 s for async (340 s; step 1
+215 s). A second block adds about 300 s to each run (no start-up, no warm-up), so a seed's pair takes about
+24 min and the bench about 72 min. Run `--tune` first to see this machine's per-step times and scale from them.
 
 The learning rate is tiny (`--lr`), so the policy, and with it the work, stays the base model's.
 """
