@@ -44,8 +44,9 @@ from core.curve import CurveServer, peer_name, release_handler, serve_curve
 from core.seal import SealError
 from core.trajectory import WireError
 from core.transport import LOOPBACK, DropLog, bind_endpoint
-from core.weights_control import MAX_CONTROL_BYTES, Progress, control, endpoint_field, field, parse_progress
-from core.weights_seal import PublisherSeal, SealedChunks, hello_nonce, key_message
+from core.weights_control import (MAX_CONTROL_BYTES, Progress, control, endpoint_field, field, hello_nonce, key_message,
+                                  parse_progress)
+from core.weights_seal import PublisherSeal, SealedChunks
 
 log = logging.getLogger("agentgym.weights")
 

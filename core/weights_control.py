@@ -1,16 +1,20 @@
 """Control messages of the weights channel (core.weights_channel has the data protocol), each checked on decode.
 
-  subscriber -> publisher  [b"H", {"name", "relay"?}]                     hello ("relay": its forwarding endpoint)
+  subscriber -> publisher  [b"H", {"name", "relay"?, "nonce"}]            hello ("relay": its forwarding endpoint;
+                                                                          "nonce": random, per incarnation)
   subscriber -> publisher  [b"A", {"version", "ok", "error"}]             ack after the caller applied a version
   subscriber -> publisher  [b"P", {"version", "chunks", "done", "epoch", "blocked"}]
                                                                           progress: what it holds (relay)
   publisher -> subscriber  [b"L", {"epoch", "next", "next_key", "prev_key", "stall_s"}]
                                                                           relay link: whom to forward to
+  publisher -> subscriber  [b"K", {"nonce", "version", "key"}]           the version (aes-gcm: its chunk key, hex),
+                                                                          for the hello that carried "nonce"
 
 A parser raises only `WireError`, naming the field; every string and number is bounded before use.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import msgpack
@@ -119,3 +123,50 @@ def parse_link(frames: list) -> Link:
 def link_message(link: Link) -> list[bytes]:
     return [b"L", msgpack.packb({"epoch": link.epoch, "next": link.next, "next_key": link.next_key,
                                  "prev_key": link.prev_key, "stall_s": float(link.stall_s)})]
+
+
+NONCE_CHARS = 32  # 16 random bytes, hex
+
+
+def new_nonce() -> str:
+    return os.urandom(NONCE_CHARS // 2).hex()
+
+
+def hello_nonce(body: dict) -> str:
+    """The nonce of a hello ("" if it has none); WireError if it is not 32 hex characters."""
+    nonce = body.get("nonce", "")
+    if not isinstance(nonce, str) or (nonce and (len(nonce) != NONCE_CHARS or not _is_hex(nonce))):
+        raise WireError("nonce", f"expected {NONCE_CHARS} hex characters")
+    return nonce
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
+def key_message(nonce: str, version: int, key: bytes = b"") -> list[bytes]:
+    """The K message answering the hello that carried `nonce`: `version`, and (aes-gcm) its chunk key."""
+    return [b"K", msgpack.packb({"nonce": nonce, "version": version, "key": key.hex()})]
+
+
+def read_key_message(frames: list, nonce: str, sealed: bool) -> tuple[int, bytes]:
+    """(version, chunk key) of a K message for the incarnation whose hello carried `nonce`; WireError otherwise
+    (field "nonce" when it answers another hello)."""
+    if len(frames) != 2:
+        raise WireError("frames", f"a K message has 2 frames, got {len(frames)}")
+    try:
+        body = msgpack.unpackb(frames[1], raw=False, max_str_len=128, max_bin_len=0, max_array_len=0,
+                               max_map_len=3, max_ext_len=0)
+    except Exception as exc:
+        raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(body, dict) or set(body) != {"nonce", "version", "key"}:
+        raise WireError("body", "expected a map of nonce, version and key")
+    version, key = body["version"], body["key"]
+    if not isinstance(version, int) or isinstance(version, bool) or not -1 <= version <= MAX_VERSION:
+        raise WireError("version", f"expected an int in [-1, {MAX_VERSION}]")
+    want = 64 if sealed and version >= 0 else 0
+    if not isinstance(key, str) or len(key) != want or not _is_hex(key):
+        raise WireError("key", f"expected {want} hex characters")
+    if not nonce or body["nonce"] != nonce:
+        raise WireError("nonce", "a K message answering another hello (an earlier incarnation's, replayed)")
+    return version, bytes.fromhex(key)

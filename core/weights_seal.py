@@ -12,7 +12,7 @@ Keys, all from the run's CURVE key pairs (core.curve.RunKeys) and one random sec
   (`ChunkSealer`); the clear seal header names the version, and is part of what the tag authenticates. Relays
   forward the sealed frames as they came, so a chain costs one encryption per chunk, not one per hop.
 
-The K message [b"K", {"nonce", "version", "key"}]: the publisher answers each hello with one (the version it is
+The K message [b"K", {"nonce", "version", "key"}] (core.weights_control): the publisher answers each hello with one (the version it is
 at), and sends one to every subscriber before the chunks of each version it publishes (that version, and with
 aes-gcm its chunk key, sealed for that subscriber alone). "nonce" repeats the random nonce of the hello it
 answers, so it is valid for one incarnation of a subscriber only.
@@ -36,7 +36,6 @@ import collections
 import os
 import struct
 
-import msgpack
 import zmq
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -46,62 +45,15 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from core.curve import CurveClient, CurveServer
 from core.seal import HEADER, TAG_BYTES, Opener, Sealer, SealError
 from core.trajectory import WireError
+from core.weights_control import read_key_message
 
 CHUNK_MAGIC = b"AGC2"
 CHUNK_HEADER = struct.Struct("<4sqQ")  # magic, version, counter
 _NONCE = struct.Struct("<IQ")  # frame index, counter
 _COUNT = struct.Struct("<I")
-KEY_MESSAGE = b"K"
+KEY_MESSAGE = b"K"  # core.weights_control has its format
 UP, DOWN = b"weights-up", b"weights-down"
 PUBLISHER = "the publisher"
-NONCE_CHARS = 32  # 16 random bytes, hex
-MAX_VERSION = (1 << 62) - 1
-
-
-def new_nonce() -> str:
-    return os.urandom(NONCE_CHARS // 2).hex()
-
-
-def hello_nonce(body: dict) -> str:
-    """The nonce of a hello ("" if it has none); WireError if it is not 32 hex characters."""
-    nonce = body.get("nonce", "")
-    if not isinstance(nonce, str) or (nonce and (len(nonce) != NONCE_CHARS or not _is_hex(nonce))):
-        raise WireError("nonce", f"expected {NONCE_CHARS} hex characters")
-    return nonce
-
-
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
-
-
-def key_message(nonce: str, version: int, key: bytes = b"") -> list[bytes]:
-    """The K message answering the hello that carried `nonce`: `version`, and (aes-gcm) its chunk key."""
-    return [KEY_MESSAGE, msgpack.packb({"nonce": nonce, "version": version, "key": key.hex()})]
-
-
-def read_key_message(frames: list, nonce: str, sealed: bool) -> tuple[int, bytes]:
-    """(version, chunk key) of a K message for the incarnation whose hello carried `nonce`; WireError otherwise
-    (field "nonce" when it answers another hello)."""
-    if len(frames) != 2:
-        raise WireError("frames", f"a K message has 2 frames, got {len(frames)}")
-    try:
-        body = msgpack.unpackb(frames[1], raw=False, max_str_len=128, max_bin_len=0, max_array_len=0,
-                               max_map_len=3, max_ext_len=0)
-    except Exception as exc:
-        raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None
-    if not isinstance(body, dict) or set(body) != {"nonce", "version", "key"}:
-        raise WireError("body", "expected a map of nonce, version and key")
-    version, key = body["version"], body["key"]
-    if not isinstance(version, int) or isinstance(version, bool) or not -1 <= version <= MAX_VERSION:
-        raise WireError("version", f"expected an int in [-1, {MAX_VERSION}]")
-    want = 64 if sealed and version >= 0 else 0
-    if not isinstance(key, str) or len(key) != want or not _is_hex(key):
-        raise WireError("key", f"expected {want} hex characters")
-    if not nonce or body["nonce"] != nonce:
-        raise WireError("nonce", "a K message answering another hello (an earlier incarnation's, replayed)")
-    return version, bytes.fromhex(key)
-
-
 def is_chunk(frames: list) -> bool:
     return len(frames) >= 2 and len(frames[0]) == CHUNK_HEADER.size and bytes(frames[0][:4]) == CHUNK_MAGIC
 

@@ -45,10 +45,9 @@ from core.trajectory import WireError
 from core.transport import DropLog
 from core.weights_assembly import Assembly, parse_chunk_header
 from core.weights_channel import MAX_CONTROL_BYTES, WeightSet
-from core.weights_control import parse_link, progress_message, unpack_map
+from core.weights_control import new_nonce, parse_link, progress_message, read_key_message, unpack_map
 from core.weights_forward import Forwarder
-from core.weights_seal import (KEY_MESSAGE, PUBLISHER, OpenChunk, SubscriberSeal, chunk_version, is_chunk,
-                                 new_nonce, read_key_message)
+from core.weights_seal import KEY_MESSAGE, PUBLISHER, OpenChunk, SubscriberSeal, chunk_version, is_chunk
 
 log = logging.getLogger("agentgym.weights")
 

@@ -33,7 +33,8 @@ import pytest
 import zmq
 
 from core.curve import RunKeys
-from core.weights_seal import PublisherSeal, key_message
+from core.weights_control import key_message
+from core.weights_seal import PublisherSeal
 from core.weights_subscriber import WeightSubscriber
 from tests.fuzz_inputs import mangle_frames, nesting_bomb
 from tests.test_weights_seal import _mutate

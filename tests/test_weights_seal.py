@@ -12,7 +12,8 @@ import zmq
 
 from core.curve import RunKeys
 from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_seal import CHUNK_HEADER, BufferPool, ChunkOpener, ChunkSealer, PublisherSeal, key_message
+from core.weights_control import key_message
+from core.weights_seal import CHUNK_HEADER, BufferPool, ChunkOpener, ChunkSealer, PublisherSeal
 from core.weights_subscriber import WeightSubscriber
 
 N = 20_000
