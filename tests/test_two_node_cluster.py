@@ -128,15 +128,14 @@ def test_curve_keeps_an_outsider_out_while_the_run_trains(two_nodes, tiny_model_
     seen = json.loads(report.read_text())
     assert seen["saw_transport_json"] and seen["trajectory_attempts"] > 0 and seen["weights_attempts"] > 0, seen
     assert seen["chunks_received"] == 0, seen  # no weights reached the outsider
-    # Refused unopened (transport.cipher=aes-gcm): the messages of both channels.
-    assert "unauthenticated trajectory message" in log or "unauthenticated weights message" in log
     trained = [t for r in map(json.loads, (out / "trained.jsonl").read_text().splitlines())
                for t in r["trajectories"]]
     assert "g0000000-babyai_0.a0.s0" not in trained or len(trained) == len(set(trained))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1].get("transport/bad_messages", 0) == 0  # nothing forged even reached a decoder
-    assert metrics[-1]["transport/auth_refused"] > 0  # the intruder's messages, refused unopened
-    assert metrics[-1]["transport/weights_auth_refused"] > 0  # its hellos and acks, refused unopened
+    # The intruder speaks ZeroMQ's NULL or CURVE mechanism, so the listeners' admission handshake (PLAIN,
+    # core.admission) is refused by ZeroMQ itself before any message is read, and not counted in
+    # transport/auth_refused (which counts wrong keys and tokens, tests/test_channel_auth.py).
 
 
 def test_auth_off_off_loopback_is_refused_at_start(two_nodes, tiny_model_dir, tmp_path):
