@@ -317,11 +317,11 @@ class WeightPublisher:
         for routing in list(self._keys_owed):
             try:
                 self._send_key(routing)
-            except zmq.ZMQError:  # Again: its queue is full (tried again before anything else goes to it)
+            except zmq.ZMQError:  # its queue is full (tried again before anything else goes to it), or it is gone
                 continue
 
     def _send_key(self, routing: bytes) -> None:
-        """The K message owed to `routing` (core.weights_seal), if any; zmq.Again if its queue is full."""
+        """The K message owed to `routing` (core.weights_control), if any; zmq.Again if its queue is full."""
         owed = self._keys_owed.get(routing)
         if owed is None:
             return

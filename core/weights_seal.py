@@ -1,6 +1,6 @@
 """The sealed weights channel (`transport.cipher=aes-gcm`): every message on plain TCP, sealed with AES-256-GCM in
 the sending and receiving threads (core.seal has the primitives and why: CurveZMQ runs at a third of plain TCP on
-a 256 MB model here), and the "K" message every mode sends: the publisher's version, and its chunk key.
+a 256 MB model here).
 
 Keys, all from the run's CURVE key pairs (core.curve.RunKeys) and one random secret of the publisher:
 - Up (hello, ack, progress): sealed by each subscriber for the publisher (`core.seal.Sealer`, label
@@ -12,10 +12,10 @@ Keys, all from the run's CURVE key pairs (core.curve.RunKeys) and one random sec
   (`ChunkSealer`); the clear seal header names the version, and is part of what the tag authenticates. Relays
   forward the sealed frames as they came, so a chain costs one encryption per chunk, not one per hop.
 
-The K message [b"K", {"nonce", "version", "key"}] (core.weights_control): the publisher answers each hello with one (the version it is
-at), and sends one to every subscriber before the chunks of each version it publishes (that version, and with
-aes-gcm its chunk key, sealed for that subscriber alone). "nonce" repeats the random nonce of the hello it
-answers, so it is valid for one incarnation of a subscriber only.
+The K message [b"K", {"nonce", "version", "key"}] (core.weights_control; sent in every mode, a key only with
+aes-gcm): the publisher answers each hello with one (the version it is at), and sends one to every subscriber
+before the chunks of each version it publishes (that version and its chunk key, sealed for that subscriber
+alone). "nonce" repeats the random nonce of the hello it answers: valid for one incarnation of a subscriber.
 
 What must hold:
 - A subscriber holds the keys of versions the publisher announced to *this* incarnation, no other: a K message
