@@ -15,7 +15,7 @@ from actors.update_gate import ENGINE_PAUSE_MODE
 from core.curve import CurveClient
 from core.models import tensor_set_mismatch
 from core.weights_channel import TensorBytes, WeightSet
-from core.weights_subscriber import WeightSubscriber
+from core.weights_subscriber import WeightSubscriber, chunk_frame_cap
 
 log = logging.getLogger("agentgym.generator")
 
@@ -119,17 +119,20 @@ class ChannelWeights:
         return elapsed
 
     async def subscribe_weights(self, endpoint: str, curve: CurveClient | None = None, relay_host: str | None = None,
-                                relay_advertise: str = "") -> None:
+                                relay_advertise: str = "", chunk_bytes: int = 64 << 20) -> None:
         """Start the background thread that receives versions from the weights channel, applies and acks them.
         `curve`: this replica's credentials when the channel is authenticated. `relay_host`: bind a forwarding
         socket there and relay chunks to the next replica (core.weights_relay; None: receive only);
-        `relay_advertise`: this node's address, when `relay_host` is a wildcard."""
+        `relay_advertise`: this node's address, when `relay_host` is a wildcard. `chunk_bytes`: the publisher's
+        chunk size (transport.weights_chunk_mb): no frame on this replica's sockets may be larger, so that is all
+        an outsider's unfinished handshake can make it hold (core.weights_subscriber.chunk_frame_cap)."""
         if self._thread is not None:
             raise RuntimeError(f"{self.name} already subscribes to the weights channel")
         loop = asyncio.get_running_loop()
         ready = threading.Event()
         relay = (relay_host, relay_advertise)
-        self._thread = threading.Thread(target=self._weights_loop, args=(endpoint, curve, loop, ready, relay),
+        self._thread = threading.Thread(target=self._weights_loop, args=(endpoint, curve, loop, ready, relay,
+                                                                         chunk_bytes),
                                         name=f"{self.name}-weights", daemon=True)
         self._thread.start()
         await asyncio.to_thread(ready.wait, 30)
@@ -137,13 +140,15 @@ class ChannelWeights:
             raise RuntimeError(self._weights_error)
 
     def _weights_loop(self, endpoint: str, curve: CurveClient | None, loop: asyncio.AbstractEventLoop,
-                      ready: threading.Event, relay: tuple[str | None, str] = (None, "")) -> None:
+                      ready: threading.Event, relay: tuple[str | None, str] = (None, ""),
+                      chunk_bytes: int = 64 << 20) -> None:
         subscriber = None
         try:
             # Its sockets are used by this thread only. A version can only hold this model's tensors.
             subscriber = WeightSubscriber(endpoint, name=self.name, curve=curve,
                                           expected={n: shape for n, (_, shape) in self._expected_sent.items()},
-                                          relay_host=relay[0], relay_advertise=relay[1], shm=True)
+                                          relay_host=relay[0], relay_advertise=relay[1], shm=True,
+                                          max_chunk_bytes=chunk_frame_cap(chunk_bytes))
             ready.set()
             while not self._stop.is_set():
                 weights = subscriber.poll(200)

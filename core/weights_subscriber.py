@@ -40,7 +40,7 @@ import zmq
 
 from core.admission import apply_admission
 from core.curve import CurveClient, release_handler
-from core.seal import SealError
+from core.seal import TAG_BYTES, SealError
 from core.trajectory import WireError
 from core.transport import DropLog
 from core.weights_assembly import Assembly, parse_chunk_header
@@ -58,6 +58,13 @@ STALL_S = 30.0  # a partial version that took nothing for this long gives way to
 def physical_memory() -> int:
     """Bytes of this machine's memory: no version can be larger."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def chunk_frame_cap(chunk_bytes: int) -> int:
+    """The largest frame a genuine chunk of a publisher whose `chunk_bytes` is this can carry: a part holds at most
+    `chunk_bytes` (core.weights_channel splits larger tensors), plus a seal's tag. A subscriber's sockets cap
+    frames there, so that an outsider's unfinished handshake frame is held no larger (core.admission)."""
+    return max(chunk_bytes + TAG_BYTES, MAX_CONTROL_BYTES)
 
 
 class WeightSubscriber:

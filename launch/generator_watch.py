@@ -21,11 +21,13 @@ log = logging.getLogger("agentgym.generators")
 class GeneratorWatch:
     def __init__(self, handles: Sequence[Any], weights_endpoint: str, curves: Sequence[Any],
                  recovery_wait_s: float, relay_host: str | None = None, rejoins: bool = True,
-                 names: Sequence[str] = ()):
-        """`names`: each replica's weights-subscriber name (what `down_names` answers in)."""
+                 names: Sequence[str] = (), chunk_bytes: int = 64 << 20):
+        """`names`: each replica's weights-subscriber name (what `down_names` answers in); `chunk_bytes`: the
+        publisher's chunk size, which caps a rejoining replica's frames."""
         self.handles, self.weights_endpoint, self.curves = list(handles), weights_endpoint, list(curves)
         self.names = list(names) or [f"generator-{i}" for i in range(len(self.handles))]
         self.relay_host = relay_host  # where a replica binds its relay socket (None: star fan-out)
+        self.chunk_bytes = chunk_bytes
         self.recovery_wait_s = recovery_wait_s
         self.rejoins = rejoins  # False with a weights group (weights_sync=collective): a restart fails the run
         self.incarnations: list[str | None] = [None] * len(self.handles)
@@ -55,7 +57,8 @@ class GeneratorWatch:
                     return (f"generator replica {i} was restarted and cannot rejoin the weights group "
                             "(transport.weights_sync=collective); the roles are rebuilt")
                 log.warning("generator replica %d was restarted; subscribing it to the weights again", i)
-                ray.get(handle.subscribe_weights.remote(self.weights_endpoint, self.curves[i], self.relay_host),
+                ray.get(handle.subscribe_weights.remote(self.weights_endpoint, self.curves[i], self.relay_host, "",
+                                                        self.chunk_bytes),
                         timeout=120)
                 self._republish = True
             self.incarnations[i] = info["incarnation"]

@@ -81,13 +81,13 @@ class Replica(Generator):
         super().__init__(model_path, cfg, wait_for_weights=restarted, **kwargs)
 
     async def subscribe_weights(self, endpoint: str, curve: CurveClient | None = None, relay_host: str | None = None,
-                                relay_advertise: str = "") -> None:
+                                relay_advertise: str = "", chunk_bytes: int = 64 << 20) -> None:
         """As Generator's; a relay socket bound to a wildcard is advertised under this node's address."""
         import ray
 
         if relay_host == "0.0.0.0" and not relay_advertise:
             relay_advertise = ray.util.get_node_ip_address()
-        await super().subscribe_weights(endpoint, curve, relay_host, relay_advertise)
+        await super().subscribe_weights(endpoint, curve, relay_host, relay_advertise, chunk_bytes)
 
 
 def ray_name(name: str, tag: str) -> str | None:
@@ -138,7 +138,8 @@ def launch_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str
 def connect_generators(handles: list[Any], cfg: GeneratorConfig, *, weights_endpoint: str = "",
                        name_prefix: str = "generator", timeout_s: float = 900.0,
                        weights_curve: dict[str, CurveClient] | None = None, weights_relay_host: str | None = None,
-                       weights_sync: str = "zmq", weights_timeout_s: float = 300.0) -> None:
+                       weights_sync: str = "zmq", weights_timeout_s: float = 300.0,
+                       weights_chunk_bytes: int = 64 << 20) -> None:
     """Wait until every launched replica's engine is ready, then subscribe each to the weights (see above)."""
     import ray
 
@@ -150,7 +151,7 @@ def connect_generators(handles: list[Any], cfg: GeneratorConfig, *, weights_endp
                                              weights_timeout_s) for i, h in enumerate(handles)], timeout=60)
     elif weights_endpoint:
         curves = [weights_curve[n] if weights_curve else None for n in names]
-        ray.get([h.subscribe_weights.remote(weights_endpoint, c, weights_relay_host)
+        ray.get([h.subscribe_weights.remote(weights_endpoint, c, weights_relay_host, "", weights_chunk_bytes)
                  for h, c in zip(handles, curves)], timeout=60)
 
 

@@ -198,11 +198,11 @@ class Roles:
             relay_host = t.host if t.weights_fanout == "relay" and not collective else None  # forwarding socket
             connect_generators(generators, cfg.generator, weights_endpoint=endpoint, weights_curve=curves,
                                weights_relay_host=relay_host, weights_sync=t.weights_sync,
-                               weights_timeout_s=t.weights_ack_timeout_s)
+                               weights_timeout_s=t.weights_ack_timeout_s, weights_chunk_bytes=t.weights_chunk_mb << 20)
             learners.wait_for_subscribers(len(generators), timeout_s=120)
             watch = GeneratorWatch(generators, endpoint, [curves[n] if curves else None for n in replicas],
                                    cfg.generator.recovery_wait_s, relay_host=relay_host, rejoins=not collective,
-                                   names=replicas)
+                                   names=replicas, chunk_bytes=t.weights_chunk_mb << 20)
             watch.check()
             pools.wait_ready()
         except BaseException:

@@ -116,3 +116,40 @@ def test_a_keyless_never_ending_message_does_not_grow_the_listener(kind, frame_b
         proc.wait(30)
     assert alive, f"the {kind} listener died under the attack"
     assert result["sent"] >= GiB and result["growth"] <= BOUND, (kind, result, out)
+
+
+def one_long_frame(endpoint: str, pid: int, frame_bytes: int) -> dict:
+    """Greet, then send a single handshake frame of `frame_bytes` (a command, as ZMTP allows any size for one):
+    what the listener holds of it before the mechanism can look at it is all its frame cap lets in."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    start, sent = rss(pid), 0
+    peak = start
+    chunk = bytes(4 * MiB)
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            opening(sock)
+            sock.sendall(bytes([0x06]) + struct.pack(">Q", frame_bytes))
+            while sent < frame_bytes and peak - start <= STOP:
+                sent += sock.send(chunk[:min(len(chunk), frame_bytes - sent)])
+                peak = max(peak, rss(pid))
+    except (ConnectionError, socket.timeout, OSError):
+        pass
+    time.sleep(0.5)
+    return {"sent": sent, "growth": max(peak, rss(pid)) - start}
+
+
+@pytest.mark.parametrize("kind", ["trajectory", "weights", "relay"])
+def test_a_keyless_peer_cannot_make_a_listener_hold_one_frame_larger_than_its_cap(kind):
+    """One 256 MiB handshake frame: each listener's frame cap (the largest valid frame; 64 KiB for the
+    publisher; a relay's `chunk_frame_cap` of the run's chunk size, as a generator replica sets it) cuts the
+    connection long before it is held."""
+    proc, endpoint = listener(kind, "aes-gcm")
+    try:
+        result = one_long_frame(endpoint, proc.pid, 256 * MiB)
+        alive = proc.poll() is None
+    finally:
+        proc.stdin.close()
+        out = proc.stdout.read()
+        proc.wait(30)
+    assert alive, f"the {kind} listener died"
+    assert result["growth"] <= BOUND, (kind, result, out)
