@@ -111,8 +111,10 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
     from launch.learners import LearnerGroup
 
     algo = AlgorithmConfig(adv_estimator="gae", gamma=0.9, lam=0.95, kl_coef=0.05, entropy_coef=0.01)
+    # cpu_autocast none: float32 products on every CPU, so the two stages' different summation orders differ by
+    # float32 roundings (on a CPU with native bfloat16, `auto` would make them bfloat16 and drift ~1e-4 apart)
     common = dict(lr=1e-2, warmup_steps=1, micro_batch_tokens=10, ppo_epochs=2, mini_batches=1, seed=0,
-                  num_cpus_per_rank=CPUS_PER_RANK)
+                  num_cpus_per_rank=CPUS_PER_RANK, cpu_autocast="none")
     task = CueTask(tiny_tokenizer, turns=TURNS)
     initial = _policy(tiny_model_dir)
     # 15 trajectories (a dropped one makes the shards uneven), all sampled by version 0: stale later on
