@@ -130,7 +130,10 @@ class ZapHandler:
                     continue
                 request = self._sock.recv_multipart()
             except zmq.ZMQError as exc:
-                if not self._stop.is_set():  # the context is going away: no handshake can happen any more
+                if exc.errno == zmq.ETERM:  # the context is being terminated: its term() waits for this socket
+                    self._stop.set()
+                    self._sock.close(0)
+                elif not self._stop.is_set():
                     log.error("ZAP handler stopped: %s", exc)
                 break
             try:

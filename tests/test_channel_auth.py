@@ -247,3 +247,18 @@ def test_a_send_with_a_timeout_returns_when_its_connection_is_refused_under_it()
     stranger._sock = sock
     stranger.close(0)
     rx.close()
+
+
+def test_a_context_with_a_zap_handler_terminates():
+    """A context whose ZAP handler is serving can be terminated (as its garbage collection does, when a receiver is
+    dropped without close): the handler's thread closes its socket on ETERM, so term() returns instead of waiting
+    on it for ever."""
+    from core.curve import handler_for
+
+    ctx = zmq.Context()
+    handler = handler_for(ctx)
+    done = threading.Event()
+    threading.Thread(target=lambda: (ctx.term(), done.set()), daemon=True).start()
+    assert done.wait(10), "zmq.Context.term() hung on the ZAP handler's socket"
+    handler._thread.join(5)
+    assert not handler._thread.is_alive()
