@@ -115,7 +115,11 @@ class WeightSubscriber:
                  **({"shm": True} if shm else {}), "nonce": self.nonce}
         self.shm = shm
         self.shelved = 0  # versions taken from the publisher's shared memory
-        self._send([b"H", msgpack.packb(hello)])
+        try:  # never blocks: the pipe to the publisher exists from connect() until a refused handshake drops it
+            self._send([b"H", msgpack.packb(hello)], zmq.NOBLOCK)
+        except zmq.Again:
+            log.error("%s: no connection to the weights publisher at %s: its admission handshake refused this "
+                      "subscriber (wrong or missing keys?); nothing will be received", self.name, endpoint)
         self._assembly: Assembly | None = None
         # One buffer set: the version handed out stays untouched until the next `poll`, which lends its buffers
         # to the next assembly, so steady-state updates allocate (and page-fault) nothing and a subscriber holds
