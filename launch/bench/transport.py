@@ -98,6 +98,18 @@ class _RayProducer:
         return self.traj
 
 
+def _timed_takes(take, warmup: int, count: int, producer) -> float:
+    """Seconds `take(count)` takes after `take(warmup)`; the producer actor is killed afterwards."""
+    import ray
+
+    take(warmup)
+    start = time.perf_counter()
+    take(count)
+    elapsed = time.perf_counter() - start
+    ray.kill(producer)
+    return elapsed
+
+
 def ray_xproc(size: int, count: int, warmup: int, window: int = 64) -> float:
     """Seconds for `count` records from a producer actor (another process), taken here with `ray.get` on their
     refs with `window` calls in flight (the trajectory channel's high-water mark), each validated as our
@@ -120,12 +132,7 @@ def ray_xproc(size: int, count: int, warmup: int, window: int = 64) -> float:
                 pending.append(producer.make.remote())
                 issued += 1
 
-    take(warmup)
-    start = time.perf_counter()
-    take(count)
-    elapsed = time.perf_counter() - start
-    ray.kill(producer)
-    return elapsed
+    return _timed_takes(take, warmup, count, producer)
 
 
 def last_level_cache_bytes() -> int:
@@ -229,12 +236,7 @@ def ray_batched_xproc(size: int, count: int, warmup: int, batch: int = 16, windo
                 pending.append(producer.make_batch.remote(sizes[issued]))
                 issued += 1
 
-    take(warmup)
-    start = time.perf_counter()
-    take(count)
-    elapsed = time.perf_counter() - start
-    ray.kill(producer)
-    return elapsed
+    return _timed_takes(take, warmup, count, producer)
 
 
 def paired(*runs, trials: int) -> list[float]:
