@@ -2,9 +2,11 @@
 
 Protocol (every control payload is msgpack, core.weights_control; tensor bytes travel as raw zero-copy frames):
   subscriber -> publisher  [b"H", {"name", "relay"?, "nonce"}]     hello: register to receive weights
-  publisher -> subscriber  [b"K", {"nonce", "version", "key"}]      the answer to a hello, and before each version's
-                                                                   chunks: the version (aes-gcm: its chunk key),
-                                                                   for the incarnation that sent the nonce
+  publisher -> subscriber  [b"K", {"nonce", "version", "key", "digests"}]
+                                                                   the answer to a hello, and before each version's
+                                                                   chunks: the version (aes-gcm: its chunk key;
+                                                                   auth off with relay: its chunks' digests), for
+                                                                   the incarnation that sent the nonce
   publisher -> subscriber  [b"C", header, part_0, ..., part_k]     one chunk of version `header.version`
   subscriber -> publisher  [b"A", {"version", "ok", "error"}]       ack after the caller applied the version
   subscriber -> publisher  [b"P", {...}], publisher -> it [b"L", {...}]   relay progress and links
@@ -44,8 +46,8 @@ from core.curve import CurveServer, peer_name, release_handler, serve_curve
 from core.seal import SealError
 from core.trajectory import WireError
 from core.transport import LOOPBACK, DropLog, bind_endpoint
-from core.weights_control import (MAX_CONTROL_BYTES, Progress, control, endpoint_field, field, hello_nonce, key_message,
-                                  parse_progress)
+from core.weights_control import (MAX_CONTROL_BYTES, MAX_DIGESTS, Progress, chunk_digest, control, endpoint_field,
+                                  field, hello_nonce, key_message, parse_progress)
 from core.weights_seal import PublisherSeal, SealedChunks
 
 log = logging.getLogger("agentgym.weights")
@@ -209,6 +211,7 @@ class WeightPublisher:
         self.acks: dict[int, dict[str, tuple[bool, str]]] = {}
         self.stalled: dict[int, dict[str, str]] = {}
         self.published = -1
+        self._digests: tuple[int, bytes] = (-1, b"")  # auth off, relay: the version being published, its digests
         self.drops = DropLog("weights control message", log)
         from core.weights_shm import Shelf
 
@@ -327,7 +330,8 @@ class WeightPublisher:
             return
         name, version = owed
         key = self.seal.chunks.key(version) if self.seal is not None and version >= 0 else b""
-        message = key_message(self._nonces.get(routing, ""), version, key)
+        digests = self._digests[1] if self._digests[0] == version else b""
+        message = key_message(self._nonces.get(routing, ""), version, key, digests)
         if self.seal is not None:
             message = self.seal.to(name, message)
         try:
@@ -429,17 +433,7 @@ class WeightPublisher:
         if not self.peers:
             log.warning("weights publisher: version %d has no subscribers", version)
         self.published = max(self.published, version)
-        for routing, name in self.peers.items():  # the version (and its chunk key) before any of its chunks
-            self._keys_owed[routing] = (name, version)
-        self._send_keys()
-        self.stalled.pop(version, None)  # sent again (to a restarted subscriber): whoever skipped it gets it now
-        for old in [v for v in self.acks if v < version - 4]:  # bounded bookkeeping
-            self.acks.pop(old, None)
-            self.stalled.pop(old, None)
         tensors = list(tensors)
-        self.shelved = self._shelve(version, tensors)
-        if self.shelved and self.shelved.issuperset(self.peers.values()):
-            return sum(byte_view(t.data).nbytes for t in tensors)
         chunks = list(_chunks(tensors, self.chunk_bytes))
         messages = []
         for seq, chunk in enumerate(chunks):
@@ -449,6 +443,21 @@ class WeightPublisher:
                           for t, off, _ in chunk],
             })
             messages.append([b"C", header] + [view for _, _, view in chunk])
+        # Auth off, relay: a relayed chunk is checked against its digest, sent on the publisher's own connection
+        # (which nobody else can write to), so nothing pushed into a relay socket can alter a version.
+        relayed = (self.fanout == "relay" and not self.authenticated and len(chunks) <= MAX_DIGESTS
+                   and not self.same_node.issuperset(self.peers.values()))
+        self._digests = (version, b"".join(chunk_digest(m[1:]) for m in messages) if relayed else b"")
+        for routing, name in self.peers.items():  # the version (and its chunk key) before any of its chunks
+            self._keys_owed[routing] = (name, version)
+        self._send_keys()
+        self.stalled.pop(version, None)  # sent again (to a restarted subscriber): whoever skipped it gets it now
+        for old in [v for v in self.acks if v < version - 4]:  # bounded bookkeeping
+            self.acks.pop(old, None)
+            self.stalled.pop(old, None)
+        self.shelved = self._shelve(version, tensors)
+        if self.shelved and self.shelved.issuperset(self.peers.values()):
+            return sum(byte_view(t.data).nbytes for t in tensors)
         if self.seal is not None:
             messages = SealedChunks(version, messages, self.seal.chunks, self.seal.buffers)
         if self.fanout == "relay":

@@ -7,13 +7,16 @@
                                                                           progress: what it holds (relay)
   publisher -> subscriber  [b"L", {"epoch", "next", "next_key", "prev_key", "stall_s"}]
                                                                           relay link: whom to forward to
-  publisher -> subscriber  [b"K", {"nonce", "version", "key"}]           the version (aes-gcm: its chunk key, hex),
-                                                                          for the hello that carried "nonce"
+  publisher -> subscriber  [b"K", {"nonce", "version", "key", "digests"}]
+                                                                          the version (aes-gcm: its chunk key, hex),
+                                                                          for the hello that carried "nonce"; auth
+                                                                          off with relay fan-out: each chunk's digest
 
 A parser raises only `WireError`, naming the field; every string and number is bounded before use.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -144,29 +147,47 @@ def _is_hex(text: str) -> bool:
     return all(c in "0123456789abcdef" for c in text)
 
 
-def key_message(nonce: str, version: int, key: bytes = b"") -> list[bytes]:
-    """The K message answering the hello that carried `nonce`: `version`, and (aes-gcm) its chunk key."""
-    return [b"K", msgpack.packb({"nonce": nonce, "version": version, "key": key.hex()})]
+DIGEST_BYTES = 16  # blake2b-128 of a chunk (auth off: what a relayed chunk is checked against)
+MAX_DIGESTS = 1 << 16  # chunks a K message can vouch for: 256 GiB at the default 4 MiB chunk
 
 
-def read_key_message(frames: list, nonce: str, sealed: bool) -> tuple[int, bytes]:
-    """(version, chunk key) of a K message for the incarnation whose hello carried `nonce`; WireError otherwise
-    (field "nonce" when it answers another hello)."""
+def chunk_digest(frames: list) -> bytes:
+    """The digest of a chunk's header and parts (buffers): each frame's length, then its bytes, so frames cannot
+    be re-cut without changing it."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for frame in frames:
+        view = memoryview(frame).cast("B")
+        h.update(len(view).to_bytes(8, "little"))
+        h.update(view)
+    return h.digest()
+
+
+def key_message(nonce: str, version: int, key: bytes = b"", digests: bytes = b"") -> list[bytes]:
+    """The K message answering the hello that carried `nonce`: `version`, (aes-gcm) its chunk key and (auth off,
+    relay) the digests of its chunks in order (`chunk_digest` of each chunk's frames after the kind)."""
+    return [b"K", msgpack.packb({"nonce": nonce, "version": version, "key": key.hex(), "digests": digests})]
+
+
+def read_key_message(frames: list, nonce: str, sealed: bool) -> tuple[int, bytes, bytes]:
+    """(version, chunk key, chunk digests) of a K message for the incarnation whose hello carried `nonce`;
+    WireError otherwise (field "nonce" when it answers another hello)."""
     if len(frames) != 2:
         raise WireError("frames", f"a K message has 2 frames, got {len(frames)}")
     try:
-        body = msgpack.unpackb(frames[1], raw=False, max_str_len=128, max_bin_len=0, max_array_len=0,
-                               max_map_len=3, max_ext_len=0)
+        body = msgpack.unpackb(frames[1], raw=False, max_str_len=128, max_bin_len=MAX_DIGESTS * DIGEST_BYTES,
+                               max_array_len=0, max_map_len=4, max_ext_len=0)
     except Exception as exc:
         raise WireError("body", f"not valid msgpack ({type(exc).__name__})") from None
-    if not isinstance(body, dict) or set(body) != {"nonce", "version", "key"}:
-        raise WireError("body", "expected a map of nonce, version and key")
-    version, key = body["version"], body["key"]
+    if not isinstance(body, dict) or set(body) != {"nonce", "version", "key", "digests"}:
+        raise WireError("body", "expected a map of nonce, version, key and digests")
+    version, key, digests = body["version"], body["key"], body["digests"]
     if not isinstance(version, int) or isinstance(version, bool) or not -1 <= version <= MAX_VERSION:
         raise WireError("version", f"expected an int in [-1, {MAX_VERSION}]")
     want = 64 if sealed and version >= 0 else 0
     if not isinstance(key, str) or len(key) != want or not _is_hex(key):
         raise WireError("key", f"expected {want} hex characters")
+    if not isinstance(digests, bytes) or len(digests) % DIGEST_BYTES or (sealed and digests):
+        raise WireError("digests", f"expected a multiple of {DIGEST_BYTES} bytes (none when sealed)")
     if not nonce or body["nonce"] != nonce:
         raise WireError("nonce", "a K message answering another hello (an earlier incarnation's, replayed)")
-    return version, bytes.fromhex(key)
+    return version, bytes.fromhex(key), digests

@@ -236,7 +236,7 @@ class SubscriberSeal:
         salt = HEADER.unpack(bytes(frames[0]))[2]
         if plain[0] == KEY_MESSAGE:
             try:
-                version, key = read_key_message(plain, self.nonce, sealed=True)
+                version, key, _ = read_key_message(plain, self.nonce, sealed=True)
             except WireError as exc:
                 raise self.chunks.refuse("replayed" if exc.field == "nonce" else "malformed", str(exc)) from None
             if self._session is None:

@@ -45,7 +45,8 @@ from core.trajectory import WireError
 from core.transport import DropLog
 from core.weights_assembly import Assembly, parse_chunk_header
 from core.weights_channel import MAX_CONTROL_BYTES, WeightSet
-from core.weights_control import new_nonce, parse_link, progress_message, read_key_message, unpack_map
+from core.weights_control import (DIGEST_BYTES, chunk_digest, new_nonce, parse_link, progress_message,
+                                  read_key_message, unpack_map)
 from core.weights_forward import Forwarder
 from core.weights_seal import KEY_MESSAGE, PUBLISHER, OpenChunk, SubscriberSeal, chunk_version, is_chunk
 
@@ -132,6 +133,9 @@ class WeightSubscriber:
         self.announced = -1  # the newest version the publisher announced to this incarnation
         self._answered = False  # whether its K message answering the hello came
         self._awaited = -1  # the last version a relayed chunk waited for the announcement of
+        self.unkeyed = curve is None  # auth off: relayed chunks are checked against the publisher's digests
+        self._digests: dict[int, bytes] = {}  # version -> its chunks' digests, from the publisher's K message
+        self._digest_awaited = -1  # the last version a relayed chunk waited for the digests of
         self.key_wait_s, self.stall_s = KEY_WAIT_S, STALL_S
         self.drops = DropLog("weights chunk", log)
         self.ignored = DropLog("weights chunk (out of place: ignored)", log)
@@ -223,7 +227,11 @@ class WeightSubscriber:
     def _announce(self, frames: list) -> None:
         """The publisher's K message (its key, if sealed, learned as it was opened): the version it is at, or
         publishes now. The first one answers this incarnation's hello: nothing older is taken from then on."""
-        version, _ = read_key_message(frames, self.nonce, sealed=self.seal is not None)
+        version, _, digests = read_key_message(frames, self.nonce, sealed=self.seal is not None)
+        if digests and version >= 0:
+            self._digests[version] = digests
+            for old in [v for v in self._digests if v < version - 2]:  # bounded: a few versions' worth
+                del self._digests[old]
         if not self._answered:
             self._answered = True
             self.latest_version = max(self.latest_version, version - 1)
@@ -327,6 +335,8 @@ class WeightSubscriber:
             if version > self.announced:
                 raise WireError("version", f"a chunk of version {version} from {source}: the publisher announced "
                                            f"{self.announced}")
+        if self.unkeyed and source != PUBLISHER:
+            self._vouched(version, seq, n_chunks, frames)
         current = self._assembly
         restart = seq == 0 and current is not None and time.monotonic() - current.touched > self.stall_s
         if current is not None and version < current.version and not restart:
@@ -357,6 +367,22 @@ class WeightSubscriber:
         self._assembly = None
         self.latest_version = version
         return done
+
+    def _vouched(self, version: int, seq: int, n_chunks: int, frames: list) -> None:
+        """Auth off: a relayed chunk is taken only as the publisher's K message vouched for it (its digest, sent on
+        the publisher's own connection), before anything about its place is decided; WireError otherwise."""
+        if version not in self._digests and version != self._digest_awaited:  # its K message may race the chunk
+            self._digest_awaited = version
+            deadline = time.monotonic() + self.key_wait_s
+            while version not in self._digests and self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                self._receive(self._sock.recv_multipart(copy=False), PUBLISHER)
+        digests = self._digests.get(version, b"")
+        if len(digests) != n_chunks * DIGEST_BYTES:
+            raise WireError("digest", f"chunk {seq} of version {version} from a relay predecessor: the publisher "
+                                      f"vouched for {len(digests) // DIGEST_BYTES} chunks of that version")
+        if chunk_digest(frames[1:]) != digests[seq * DIGEST_BYTES:(seq + 1) * DIGEST_BYTES]:
+            raise WireError("digest", f"chunk {seq} of version {version} from a relay predecessor is not the one "
+                                      "the publisher sent")
 
     def _ignore(self, reason: str, source: str, what: str, sealed: OpenChunk | None, frames: list) -> None:
         """Count an authentic chunk out of place (SealError if a sealed one's parts do not authenticate)."""

@@ -5,7 +5,8 @@ wedge it (core.weights_subscriber, core.weights_assembly, core.weights_seal), on
   at once (well under the stall timeout), and the early and duplicate copies are counted, not taken;
 - captured chunks and chunk keys replayed into a restarted subscriber: refused, it never goes back in versions;
 - plain mode (auth off): a version numbered far ahead of the publisher, or a chunk 0 that never continues, does
-  not wedge a subscriber; a header claiming a 1 TiB tensor is refused with the constructor's defaults.
+  not wedge a subscriber; a well-formed forged chunk on a relay hop is refused by the digest the publisher sent;
+  a header claiming a 1 TiB tensor is refused with the constructor's defaults.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import zmq
 
 from core.curve import RunKeys
 from core.weights_channel import TensorBytes, WeightPublisher
+from core.weights_control import chunk_digest, key_message
 from core.weights_subscriber import WeightSubscriber
 
 LOOPBACK = "127.0.0.1"
@@ -234,3 +236,28 @@ def test_a_header_claiming_a_terabyte_tensor_is_refused_with_the_constructor_def
     assert ws is not None and ws.version == 2
     sub.close()
     fake.close(0)
+
+
+def test_plain_mode_a_well_formed_forged_chunk_on_a_relay_hop_is_refused_and_the_genuine_one_taken():
+    """Auth off on loopback: anyone can write into a relay socket. A well-formed chunk of the version in flight
+    with other bytes, arriving before the genuine one, used to be taken (the version handed out altered). The
+    publisher's K message vouches for each chunk by its digest, on a connection nobody else writes to."""
+    fake = zmq.Context.instance().socket(zmq.ROUTER)
+    port = fake.bind_to_random_port(f"tcp://{LOOPBACK}")
+    sub = WeightSubscriber(f"tcp://{LOOPBACK}:{port}", name="gen-1", relay_host=LOOPBACK)
+    peer, _, hello = fake.recv_multipart()
+    nonce = msgpack.unpackb(hello)["nonce"]
+    genuine = [b"C", msgpack.packb({"version": 1, "seq": 0, "n_chunks": 1, "parts": [["w", "float32", [2], 0, 8]]}),
+               np.array([1.5, 2.5], np.float32).tobytes()]
+    forged = genuine[:2] + [np.array([-7.0, 7.0], np.float32).tobytes()]
+    fake.send_multipart([peer] + key_message(nonce, 1, digests=chunk_digest(genuine[1:])))
+    intruder, predecessor = _relay_socket(sub), _relay_socket(sub)
+    intruder.send_multipart(forged)
+    assert sub.poll(500) is None, "the forged chunk was taken"
+    assert sub.drops.by_reason["digest"] == 1
+    predecessor.send_multipart(genuine)
+    ws = sub.poll(5000)
+    assert ws is not None and ws.version == 1 and bytes(ws.tensors["w"].data) == genuine[2]
+    for sock in (intruder, predecessor, fake):
+        sock.close(0)
+    sub.close()
