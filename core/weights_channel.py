@@ -445,8 +445,8 @@ class WeightPublisher:
             messages.append([b"C", header] + [view for _, _, view in chunk])
         # Auth off, relay: a relayed chunk is checked against its digest, sent on the publisher's own connection
         # (which nobody else can write to), so nothing pushed into a relay socket can alter a version.
-        relayed = (self.fanout == "relay" and not self.authenticated and len(chunks) <= MAX_DIGESTS
-                   and not self.same_node.issuperset(self.peers.values()))
+        over_tcp = [n for n in self.peers.values() if n not in self.same_node]
+        relayed = self.fanout == "relay" and not self.authenticated and len(over_tcp) > 1 and len(chunks) <= MAX_DIGESTS
         self._digests = (version, b"".join(chunk_digest(m[1:]) for m in messages) if relayed else b"")
         for routing, name in self.peers.items():  # the version (and its chunk key) before any of its chunks
             self._keys_owed[routing] = (name, version)

@@ -147,19 +147,19 @@ def _is_hex(text: str) -> bool:
     return all(c in "0123456789abcdef" for c in text)
 
 
-DIGEST_BYTES = 16  # blake2b-128 of a chunk (auth off: what a relayed chunk is checked against)
+DIGEST_BYTES = 16  # SHA-256 of a chunk, cut to 128 bits (auth off: what a relayed chunk is checked against)
 MAX_DIGESTS = 1 << 16  # chunks a K message can vouch for: 256 GiB at the default 4 MiB chunk
 
 
 def chunk_digest(frames: list) -> bytes:
     """The digest of a chunk's header and parts (buffers): each frame's length, then its bytes, so frames cannot
     be re-cut without changing it."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h = hashlib.sha256()  # with the CPU's SHA instructions about twice blake2b's speed (1.7 GiB/s on one EPYC core)
     for frame in frames:
         view = memoryview(frame).cast("B")
         h.update(len(view).to_bytes(8, "little"))
         h.update(view)
-    return h.digest()
+    return h.digest()[:DIGEST_BYTES]
 
 
 def key_message(nonce: str, version: int, key: bytes = b"", digests: bytes = b"") -> list[bytes]:

@@ -135,7 +135,6 @@ class WeightSubscriber:
         self._awaited = -1  # the last version a relayed chunk waited for the announcement of
         self.unkeyed = curve is None  # auth off: relayed chunks are checked against the publisher's digests
         self._digests: dict[int, bytes] = {}  # version -> its chunks' digests, from the publisher's K message
-        self._digest_awaited = -1  # the last version a relayed chunk waited for the digests of
         self.key_wait_s, self.stall_s = KEY_WAIT_S, STALL_S
         self.drops = DropLog("weights chunk", log)
         self.ignored = DropLog("weights chunk (out of place: ignored)", log)
@@ -370,12 +369,10 @@ class WeightSubscriber:
 
     def _vouched(self, version: int, seq: int, n_chunks: int, frames: list) -> None:
         """Auth off: a relayed chunk is taken only as the publisher's K message vouched for it (its digest, sent on
-        the publisher's own connection), before anything about its place is decided; WireError otherwise."""
-        if version not in self._digests and version != self._digest_awaited:  # its K message may race the chunk
-            self._digest_awaited = version
-            deadline = time.monotonic() + self.key_wait_s
-            while version not in self._digests and self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                self._receive(self._sock.recv_multipart(copy=False), PUBLISHER)
+        the publisher's own connection), before anything about its place is decided; WireError otherwise. The K
+        message that announces a version carries its digests, and a relayed chunk is of an announced version (its
+        K message was awaited), so there is nothing to wait for here. A publisher with one subscriber over TCP
+        sends none: that subscriber heads the chain and takes nothing relayed."""
         digests = self._digests.get(version, b"")
         if len(digests) != n_chunks * DIGEST_BYTES:
             raise WireError("digest", f"chunk {seq} of version {version} from a relay predecessor: the publisher "
