@@ -9,7 +9,7 @@ What must hold:
   for each group when it starts.
 - eta = 0 is the synchronous mode with the same code: one batch is admitted per policy version, so generation
   is idle while the learner trains.
-- Admission counts from the version every generator has acked (actors/publication.py), freshness from the
+- Admission counts from the version every generator has acked (actors/weights/publication.py), freshness from the
   learner's own: the learner trains the next step while the generators take the version just published.
 - Ids: group `g<counter>-<item>`, trajectory `<group>.a<incarnation>.s<sample>`; the incarnation counts
   resumes, so no id repeats across a crash. A group is trained at most once: its id goes into the lineage
@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from actors.episode_watch import EpisodesFailing, EpisodeWatch
 from actors.group_buffer import GroupBuffer, GroupInfo
-from actors.publication import Publication
+from actors.weights.publication import Publication
 from core.heap import freeze_startup_heap, thaw_heap
 from core.horizon import HorizonSchedule
 from core.metrics import rollout_metrics

@@ -17,8 +17,8 @@ What must hold:
   groups started after them; `fcfs` serves them in arrival order. The generator hands out the seats itself
   (actors/seat_pool.py): with `priority`, a seat whose reply ended is held `seat_hold_s` for the episode's next
   turn (or an older group's), which a newer group's waiting turn would otherwise take for a whole reply.
-- Weight updates (`apply_weights`, or a background thread on the weights channel: actors/generator_weights.py;
-  the weights group: actors/generator_collective.py) are applied in place,
+- Weight updates (`apply_weights`, or a background thread on the weights channel: actors/weights/generator_end.py;
+  the weights group: actors/weights/group_generator.py) are applied in place,
   one at a time, with the scheduler paused: `finish` lets requests in flight complete on the old weights
   (their tokens keep the old version), `abort` cuts them at the update and keeps them in the engine, which
   continues each on the new weights where it stopped (its versions change mid-turn). No request is aborted by
@@ -45,16 +45,16 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from actors.generator_collective import CollectiveWeights, WeightUpdateError
-from actors.generator_weights import ChannelWeights
+from actors.weights.group_generator import CollectiveWeights, WeightUpdateError
+from actors.weights.generator_end import ChannelWeights
 from actors.seat_pool import SeatPool
 from actors.session_slots import SessionSlots
 from actors.update_gate import UpdateGate
-from actors.vllm_weights import WORKER_EXTENSION
+from actors.weights.vllm_worker import WORKER_EXTENSION
 from configs.generation import GeneratorConfig
 from core.cpu_affinity import keep_freed_memory, pin_to_cores
 from core.models import checkpoint_tensors
-from core.weights_shm import WeightStaging, staged_nbytes
+from core.weights.shm import WeightStaging, staged_nbytes
 from core.policy import GenerationRequest, GenerationResult
 
 log = logging.getLogger("agentgym.generator")

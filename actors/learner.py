@@ -45,7 +45,8 @@ from core.packed_attention import NAME as PACKED_SDPA, register as register_pack
 from core.token_scorer import Scores, TokenScorer, policy_state_names
 from core.curve import CurveServer
 from core.trajectory import Trajectory
-from core.weights_channel import TensorBytes, WeightPublisher
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
 
 log = logging.getLogger("agentgym.learner")
 
@@ -55,7 +56,7 @@ STALENESS_BUCKETS = 8  # staleness/0 .. staleness/7, then staleness/8+ (and stal
 
 @dataclass(frozen=True)
 class PublisherOptions:
-    """Where and how rank 0 publishes weights (see core.weights_channel.WeightPublisher)."""
+    """Where and how rank 0 publishes weights (see core.weights.publisher.WeightPublisher)."""
 
     host: str
     port: int = 0
@@ -63,12 +64,12 @@ class PublisherOptions:
     curve: CurveServer | None = None
     subscribers: list[str] | None = None  # the names admitted without CURVE (None: any)
     stall_timeout_s: float = 60.0
-    fanout: str = "star"  # star or relay (core.weights_relay)
-    sync: str = "zmq"  # zmq, or collective (actors.collective_publisher)
+    fanout: str = "star"  # star or relay (core.weights.relay)
+    sync: str = "zmq"  # zmq, or collective (actors.weights.group_publisher)
     workers_per_replica: int = 1  # collective: each replica's vLLM workers (its tensor-parallel size on GPU)
     timeout_s: float = 300.0  # collective: how long a member may take its part in a transfer
-    shm: bool = True  # zmq: same-node subscribers read versions from shared memory (core.weights_shm)
-    bucket_bytes: int = 512 << 20  # collective: the largest bucket a version moves in (actors.collective_buckets)
+    shm: bool = True  # zmq: same-node subscribers read versions from shared memory (core.weights.shm)
+    bucket_bytes: int = 512 << 20  # collective: the largest bucket a version moves in (actors.weights.group_buckets)
 
 
 def prepare_samples(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig) -> list[TrainSample]:
@@ -171,7 +172,7 @@ class Learner:
                 ref = ref.to(self.device)
             self.reference = ref
         if self.rank == 0 and publisher is not None and publisher.sync == "collective":
-            from actors.collective_publisher import CollectivePublisher
+            from actors.weights.group_publisher import CollectivePublisher
 
             p = publisher
             self.publisher = CollectivePublisher(p.host, p.port, list(p.subscribers or []), p.workers_per_replica,

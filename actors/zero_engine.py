@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from core.weights_channel import TensorBytes
+from core.weights.tensors import TensorBytes
 
 
 def listen_socket(host: str, port: int = 0) -> socket.socket:

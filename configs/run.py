@@ -107,7 +107,7 @@ class TransportConfig:
     cipher: str = spec("aes-gcm", choices=("aes-gcm", "curvezmq"))
     """How the trajectory and weights channels encrypt when they have the run's keys (auth). `aes-gcm`: the
     sending and the receiving thread seal and open each message themselves (AES-256-GCM, keys derived from the
-    same per-run CURVE key pairs, core/seal.py, core/weights_seal.py; a weights chunk is sealed once and relayed
+    same per-run CURVE key pairs, core/seal.py, core/weights/seal.py; a weights chunk is sealed once and relayed
     sealed): here about 1.6 times CurveZMQ's throughput on 1 MB records and 1.8 times on weights; outsiders can
     connect, and each of their messages is refused before any decoder (transport/auth_refused,
     transport/weights_auth_refused). `curvezmq`: ZeroMQ's own CURVE handshake refuses outsiders' connections,

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from core.weights_channel import TensorBytes, byte_view, itemsize
+from core.weights.tensors import TensorBytes, byte_view, itemsize
 
 log = logging.getLogger("agentgym.models")
 

@@ -10,7 +10,7 @@ are spread over nodes where Ray can. An async actor with a high `max_concurrency
 wait inside the engine at once: that is what continuous batching needs.
 
 Env of each actor: the repository root on PYTHONPATH (vLLM's engine process imports
-`actors.vllm_weights` for the weight loader), OMP_NUM_THREADS matching its CPUs (Ray sets 1 otherwise), and
+`actors.weights.vllm_worker` for the weight loader), OMP_NUM_THREADS matching its CPUs (Ray sets 1 otherwise), and
 no visible GPU when it asks Ray for none (launch.placement), so a cpu replica on a CUDA install stays on CPU.
 
 Seeds: replica i samples with `generator.seed + i` (`replica_launches`); with one seed, fresh replicas would

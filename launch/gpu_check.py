@@ -54,7 +54,7 @@ class Tolerance:
 #   moves it by 0.04-0.08, and every layer's activations are rounded again. Measured: bf16 against float32 up to
 #   0.15 (mean 0.027); two bf16 attention kernels against each other up to 0.20 (mean 0.032); bounds 2.5x that.
 # A broken setup is far outside both: a weight update with noise 0.01 moved the sampled tokens' logprobs by up to
-# 3.0 (mean 0.48), and a stale output layer is off by about 0.6 (actors/vllm_weights.py); with the tiny test
+# 3.0 (mean 0.48), and a stale output layer is off by about 0.6 (actors/weights/vllm_worker.py); with the tiny test
 # model, a generator that dropped lm_head.weight failed in both dtypes (0.56 after the update, mean 0.12-0.14).
 TOLERANCE = {"float32": Tolerance(max_abs=2e-2, mean_abs=3e-3), "bfloat16": Tolerance(max_abs=0.5, mean_abs=0.08)}
 PRECISION_CHECKS = ("sampled_logprobs", "fixed_logprobs_before", "fixed_logprobs_after", "sampled_logprobs_after",
@@ -77,7 +77,7 @@ def perturbed_state(state: dict, seed: int, scale: float) -> dict:
 
 def tensors_of(state: dict) -> list:
     """The weights channel's form of a state dict (float32 bytes)."""
-    from core.weights_channel import TensorBytes
+    from core.weights.tensors import TensorBytes
 
     return [TensorBytes(k, "float32", tuple(v.shape), v.float().contiguous().numpy().tobytes())
             for k, v in state.items()]
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> dict:
     from configs.generation import GeneratorConfig
     from core.chat import ChatFormat
     from core.models import resolve_model
-    from core.weights_channel import WeightPublisher
+    from core.weights.publisher import WeightPublisher
     from launch.bench.generator import INSTRUCTION, observation
     from launch.gpu_check_steps import check_run
     from launch.gpu_reference import Reference

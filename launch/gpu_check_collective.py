@@ -40,7 +40,7 @@ def _rank0(state_path: str, device: str, replica: str, workers: int, dtype: str,
     """Learner rank 0 in a process of its own: form the group, publish `version` when told, report the acks."""
     import torch
 
-    from actors.collective_publisher import CollectivePublisher
+    from actors.weights.group_publisher import CollectivePublisher
 
     pub = None
     try:
@@ -118,7 +118,7 @@ async def collective_update(gen, ref, fixed: list[int], device: str, gpus: int, 
 async def _in_process(gen, state, where, workers, dtype, version, before, expected, fixed) -> dict:
     import torch
 
-    from actors.collective_publisher import CollectivePublisher
+    from actors.weights.group_publisher import CollectivePublisher
 
     dev = torch.device(where["rank0"])
     pub = CollectivePublisher("127.0.0.1", 0, [gen.name], workers, dev, dtype, timeout_s=120)

@@ -14,7 +14,7 @@ import asyncio
 import time
 
 from core.policy import GenerationRequest
-from core.weights_channel import WeightSet
+from core.weights.tensors import WeightSet
 from launch.gpu_check import NOISE_SCALE, diff_stats, perturbed_state, tensors_of
 
 LONG_TOKENS, SHORT_TOKENS, IN_FLIGHT, DURING = 256, 16, 16, 8

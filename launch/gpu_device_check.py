@@ -4,8 +4,8 @@ then). One JSON line; a few minutes on one GPU.
 
 Parts (each in `parts`, with its checks; `ok` when every part that ran passed):
 - `collective_ipc` (CUDA): learner rank 0 sends two versions of SmolLM2-135M's shape (270 MB in bfloat16) in
-  buckets of `--bucket-mb` to a receiver process on the same GPU through CUDA IPC (actors.collective_buckets,
-  actors.weights_ipc); bit for bit, acked, and each side's peak GPU memory above what it held before the
+  buckets of `--bucket-mb` to a receiver process on the same GPU through CUDA IPC (actors.weights.group_buckets,
+  actors.weights.cuda_ipc); bit for bit, acked, and each side's peak GPU memory above what it held before the
   version within two buckets.
 - `collective_nccl` (CUDA, two GPUs or more; skipped with the reason otherwise): the same with the receiver
   seeing only the second GPU, as a Ray run's generator does, so NCCL broadcasts through two buffers a side.

@@ -1,6 +1,6 @@
 """The weights group's bounded transfer on a device, for `launch.gpu_device_check`: learner rank 0
-(actors.collective_publisher, in this process) sends versions to a receiver process that loads each as it streams
-(actors.collective_buckets.VersionStream) into tensors it allocated beforehand, as an engine's weights are.
+(actors.weights.group_publisher, in this process) sends versions to a receiver process that loads each as it streams
+(actors.weights.group_buckets.VersionStream) into tensors it allocated beforehand, as an engine's weights are.
 
 - `ipc` (CUDA): the receiver on the same GPU, as a colocated vLLM worker: the group must pick CUDA IPC.
 - `nccl` (CUDA, two GPUs or more): the receiver sees only the second GPU (CUDA_VISIBLE_DEVICES), as a generator
@@ -51,10 +51,10 @@ def digest(t: torch.Tensor) -> str:
 def _receiver(endpoint: str, device: str, shapes, dtype: str, versions: int, out) -> None:
     import torch
 
-    from actors.collective_buckets import VersionStream
-    from actors.collective_subscriber import CollectiveSubscriber
-    from actors.weights_collective import Group
-    from actors.weights_ipc import Importer
+    from actors.weights.group_buckets import VersionStream
+    from actors.weights.group_subscriber import CollectiveSubscriber
+    from actors.weights.group import Group
+    from actors.weights.cuda_ipc import Importer
 
     try:
         dev = torch.device(device)
@@ -92,7 +92,7 @@ def _receiver(endpoint: str, device: str, shapes, dtype: str, versions: int, out
 
 def collective_case(mode: str, shapes, bucket_bytes: int, dtype: str = "bfloat16", versions: int = 2) -> dict:
     """One of ipc, nccl, gloo (see the module's docstring); returns its figures and checks."""
-    from actors.collective_publisher import CollectivePublisher
+    from actors.weights.group_publisher import CollectivePublisher
 
     cuda = mode in ("ipc", "nccl")
     rank0 = torch.device("cuda", 0) if cuda else torch.device("cpu")

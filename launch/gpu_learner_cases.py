@@ -77,7 +77,7 @@ def learn_case(model_dir: str, dtype: str, stage: int, device: str, options: dic
 
     from actors.learner import PublisherOptions
     from core.cue_task import CueTask, load_weights
-    from core.weights_subscriber import WeightSubscriber
+    from core.weights.subscriber import WeightSubscriber
 
     _zero_options(options)
     learner, info = _learner(model_dir, dtype, stage, device, PublisherOptions(host=LOOPBACK))
@@ -155,9 +155,9 @@ def _replay(learner, task, sampler, stage: int) -> float:
 def _ipc_receiver(endpoint: str, versions: int, device: str, out) -> None:
     import torch
 
-    from actors.collective_subscriber import CollectiveSubscriber
-    from actors.weights_collective import Group, receive
-    from actors.weights_ipc import Importer
+    from actors.weights.group_subscriber import CollectiveSubscriber
+    from actors.weights.group import Group, receive
+    from actors.weights.cuda_ipc import Importer
 
     try:
         sub = CollectiveSubscriber(endpoint, "replica-0", timeout_s=120)

@@ -36,7 +36,7 @@ from configs.learner import AlgorithmConfig, LearnerConfig  # noqa: E402
 from core.batching import shard  # noqa: E402
 from core.curve import CurveServer  # noqa: E402
 from core.trajectory import Trajectory  # noqa: E402
-from core.weights_channel import TensorBytes  # noqa: E402
+from core.weights.publisher import TensorBytes  # noqa: E402
 from launch.placement import learner_bundle, learner_rank_options, visibility_problem, with_role_log  # noqa: E402
 
 log = logging.getLogger("agentgym.learners")
@@ -86,7 +86,7 @@ class LearnerGroup:
         """Start `learner.num_ranks` actors and set them up (loads the model; blocks until ready).
         `weights_host` None: no weights publisher (e.g. a benchmark). `weights_curve`: the publisher's CURVE
         keys and the subscribers it admits; `weights_subscribers`: the names it accepts without CURVE;
-        `weights_fanout`: star or relay (core.weights_relay). `weights_sync`: zmq, or collective (rank 0 forms a
+        `weights_fanout`: star or relay (core.weights.relay). `weights_sync`: zmq, or collective (rank 0 forms a
         weights group with `weights_subscribers`' workers, `weights_workers_per_replica` each, in buckets of at
         most `weights_bucket_bytes`). `spread_nodes` (transport.allow_insecure): the ranks may spread over
         several nodes and rendezvous, unauthenticated, at rank 0's node address; otherwise they are kept on one

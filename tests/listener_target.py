@@ -10,8 +10,8 @@ import sys
 
 from core.curve import RunKeys
 from core.transport import LOOPBACK, TrajectoryReceiver
-from core.weights_channel import WeightPublisher
-from core.weights_subscriber import WeightSubscriber, chunk_frame_cap
+from core.weights.publisher import WeightPublisher
+from core.weights.subscriber import WeightSubscriber, chunk_frame_cap
 
 POOLS, GENS = ["envpool-0"], ["generator-0", "generator-1"]
 CHUNK_BYTES = 4 << 20  # transport.weights_chunk_mb's default
@@ -30,7 +30,7 @@ def main(kind: str, cipher: str) -> int:
         serve = lambda: pub.poll(50)  # noqa: E731
         refused = lambda: pub.auth_refused  # noqa: E731
         if kind == "relay":
-            # capped as a generator replica caps it (actors/generator_weights.py), for 4 MiB chunks
+            # capped as a generator replica caps it (actors/weights/generator_end.py), for 4 MiB chunks
             sub = WeightSubscriber(pub.endpoint, name="generator-0", relay_host=LOOPBACK,
                                    curve=keys.weights_client("generator-0") if keys else None,
                                    max_chunk_bytes=chunk_frame_cap(CHUNK_BYTES))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from core.weights_channel import TensorBytes
+from core.weights.tensors import TensorBytes
 from launch.bench.hf_baseline import run_clean
 from launch.bench.weights_shards import cast
 

@@ -17,8 +17,9 @@ from core.admission import apply_admission
 from core.curve import CurveClient, KeyPair, RunKeys
 from core.codec import encode
 from core.transport import TrajectoryReceiver, TrajectorySender
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_subscriber import WeightSubscriber
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.subscriber import WeightSubscriber
 from launch.bench.samples import make_trajectory
 
 POOLS, GENS = ["envpool-0", "envpool-1"], ["generator-0", "generator-1"]

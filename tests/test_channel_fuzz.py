@@ -16,9 +16,10 @@ from core.advantages import compute_advantages, steps_of
 from core.codec import WireLimits, decode
 from core.trajectory import WireError
 from core.transport import TrajectoryReceiver, TrajectorySender, frame_cap
-from core.weights_assembly import MAX_VERSION
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_subscriber import WeightSubscriber
+from core.weights.assembly import MAX_VERSION
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.subscriber import WeightSubscriber
 from launch.bench.samples import make_trajectory
 from tests.fuzz_inputs import chunk_message, control_message, trajectory_frames
 

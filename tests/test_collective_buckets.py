@@ -1,4 +1,4 @@
-"""The weights group's bounded receive (actors.collective_buckets) between real processes over gloo on 127.0.0.1:
+"""The weights group's bounded receive (actors.weights.group_buckets) between real processes over gloo on 127.0.0.1:
 learner rank 0 (CollectivePublisher, in this process) and receiver processes that load each version as it streams.
 
 Checked:
@@ -21,8 +21,8 @@ import time
 import pytest
 import torch
 
-from actors.collective_publisher import CollectivePublisher
-from actors.weights_collective import WeightsGroupError
+from actors.weights.group_publisher import CollectivePublisher
+from actors.weights.group import WeightsGroupError
 
 BUCKET = 1 << 20
 TIMEOUT_S = 4.0
@@ -48,9 +48,9 @@ def digest(t: torch.Tensor) -> str:
 def receiver(endpoint: str, name: str, rank: int, world: int, behaviour: str, out) -> None:
     """Join as `rank`; for each version stream it, hashing each tensor. `behaviour`: ok, die (exit after the
     first bucket's tensors) or stall (sleep there)."""
-    from actors.collective_buckets import VersionStream
-    from actors.collective_subscriber import CollectiveSubscriber
-    from actors.weights_collective import Group
+    from actors.weights.group_buckets import VersionStream
+    from actors.weights.group_subscriber import CollectiveSubscriber
+    from actors.weights.group import Group
 
     try:
         sub = CollectiveSubscriber(endpoint, name, timeout_s=60)
@@ -129,7 +129,7 @@ def test_a_version_four_times_the_bucket_arrives_bit_exact_through_two_buffers()
 
 
 def plan_of(pub, sent):
-    from actors.collective_buckets import plan
+    from actors.weights.group_buckets import plan
 
     return plan([(n, tuple(t.shape)) for n, t in sent], torch.float32, pub.bucket_bytes)
 

@@ -97,7 +97,7 @@ def test_policy_client_affinity_and_least_loaded(ray_local):
 
 
 def _weights(state: dict[str, torch.Tensor]):
-    from core.weights_channel import TensorBytes
+    from core.weights.tensors import TensorBytes
 
     return [TensorBytes(k, "float32", tuple(v.shape), v.contiguous().numpy().tobytes()) for k, v in state.items()]
 
@@ -123,7 +123,7 @@ def test_babyai_env_pools_and_generator_actor_end_to_end(ray_local, tiny_model_d
     from configs.generation import GeneratorConfig
     from core.rollout import EpisodeLimits, EpisodeSpec
     from core.transport import TrajectoryReceiver
-    from core.weights_channel import WeightPublisher
+    from core.weights.publisher import WeightPublisher
     from launch.generators import start_generators, stop_generators
 
     receiver = TrajectoryReceiver()

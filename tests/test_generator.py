@@ -23,7 +23,8 @@ from core.chat import ChatFormat
 from core.env import Env, Observation, StepResult
 from core.policy import GenerationRequest
 from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
-from core.weights_channel import TensorBytes, WeightPublisher, WeightSet
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes, WeightSet
 
 TOL = 1e-4
 PROMPT = [5, 17, 42, 99, 7, 123, 250, 3, 11, 64, 200, 31]

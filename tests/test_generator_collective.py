@@ -15,7 +15,7 @@ import asyncio
 import pytest
 import torch
 
-from actors.collective_publisher import CollectivePublisher
+from actors.weights.group_publisher import CollectivePublisher
 from actors.generator import Generator
 from configs.generation import GeneratorConfig
 from core.policy import GenerationRequest

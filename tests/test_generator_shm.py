@@ -14,7 +14,7 @@ import pytest
 
 from actors.generator import Generator
 from configs.generation import GeneratorConfig
-from core.weights_channel import WeightPublisher
+from core.weights.publisher import WeightPublisher
 from tests.test_generator import PROMPT, TOL, Reference, max_diff, perturbed, run, weight_set
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from configs.learner import AlgorithmConfig, LearnerConfig
-from core.weights_subscriber import WeightSubscriber
+from core.weights.subscriber import WeightSubscriber
 from core.cue_task import CueTask, load_weights
 
 pytestmark = pytest.mark.slow

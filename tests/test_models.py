@@ -120,7 +120,7 @@ def test_saved_policy_folder_loads_with_the_trained_weights(tiny_model_dir, tmp_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from core.models import checkpoint_tensors, save_policy_folder
-    from core.weights_channel import TensorBytes
+    from core.weights.tensors import TensorBytes
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     trained = {k: v + 0.01 for k, v in base.state_dict().items()}  # lm_head.weight included, as a learner may

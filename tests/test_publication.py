@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from actors.publication import Publication
+from actors.weights.publication import Publication
 
 
 class _Learners:
@@ -171,7 +171,7 @@ def test_the_learner_group_answers_acks_while_a_step_trains(ray_local, tiny_mode
     (wait_acks has its own Ray concurrency group), and the wait ends when the ack comes. With one thread for
     both, the step would queue behind the wait until it timed out."""
     from configs.learner import AlgorithmConfig, LearnerConfig
-    from core.weights_subscriber import WeightSubscriber
+    from core.weights.subscriber import WeightSubscriber
     from launch.bench.samples import make_trajectory
     from launch.learners import LearnerGroup
 

@@ -1,5 +1,5 @@
 """A junk flood on one connection to the learner's weights socket must not slow a publish by more than 2x: the
-publisher handles a bounded number of control messages per send round (core.weights_channel). The flood comes
+publisher handles a bounded number of control messages per send round (core.weights.publisher). The flood comes
 from a process of its own, sending 1-byte messages as fast as it can: without keys (refused at the admission
 handshake when the run has keys; heard, and dropped, when auth is off), and from a peer admitted with a key of the
 run that floods anyway. The ratio is of the medians of 14 flooded and 14 quiet publishes, taken in turn. The
@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from core.curve import RunKeys
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_subscriber import WeightSubscriber
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.subscriber import WeightSubscriber
 
 ROOT = Path(__file__).resolve().parents[1]
 GENS = ["generator-0", "generator-1"]

@@ -8,8 +8,9 @@ import zmq
 
 from core.curve import RunKeys
 from core.transport import TrajectoryReceiver, TrajectorySender
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_subscriber import WeightSubscriber
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.subscriber import WeightSubscriber
 from launch.bench.samples import make_trajectory
 
 

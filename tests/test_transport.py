@@ -11,7 +11,7 @@ from configs.run import TransportConfig
 from core.codec import WireLimits, decode, encode
 from core.trajectory import WireError
 from core.transport import TrajectoryReceiver, TrajectorySender
-from core.weights_channel import WeightPublisher
+from core.weights.publisher import WeightPublisher
 from launch.bench.samples import make_trajectory
 
 

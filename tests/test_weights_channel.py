@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import zmq
 
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_subscriber import WeightSubscriber
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.subscriber import WeightSubscriber
 
 
 def tensor(name: str, arr: np.ndarray) -> TensorBytes:

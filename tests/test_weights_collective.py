@@ -1,10 +1,10 @@
-"""The weights group's protocol (actors.weights_collective) between two real processes over gloo on 127.0.0.1:
+"""The weights group's protocol (actors.weights.group) between two real processes over gloo on 127.0.0.1:
 learner rank 0 (CollectivePublisher, in this process) announces and broadcasts; a receiver process joins as rank 1,
 reads each announcement through CollectiveSubscriber, receives in the engine's dtype and acks.
 
 Checked: a float32 tensor sent to a bfloat16 engine arrives cast (the wire carries bf16); a tensor sent under two
 names (tied embeddings) is broadcast once and arrives under both; two versions in sequence; acks; malformed
-announcements are refused, naming the field. The bounded receive (actors.collective_buckets): a version four
+announcements are refused, naming the field. The bounded receive (actors.weights.group_buckets): a version four
 times the bucket arrives bit-exact while each side holds at most two bucket buffers (counted by the buffers
 themselves, and every tensor handed to the loader lies inside one of them); a replica that dies mid-version, or
 stalls, fails the version on rank 0 and on the other replica with WeightsGroupError within the timeout.
@@ -17,9 +17,9 @@ import msgpack
 import pytest
 import torch
 
-from actors.collective_buckets import plan
-from actors.collective_publisher import CollectivePublisher
-from actors.weights_collective import Announcement
+from actors.weights.group_buckets import plan
+from actors.weights.group_publisher import CollectivePublisher
+from actors.weights.group import Announcement
 from core.trajectory import WireError
 
 
@@ -34,8 +34,8 @@ def state(seed: int) -> list[tuple[str, torch.Tensor]]:
 def receiver(endpoint: str, versions: int, out) -> None:
     import torch
 
-    from actors.collective_subscriber import CollectiveSubscriber
-    from actors.weights_collective import Group, receive
+    from actors.weights.group_subscriber import CollectiveSubscriber
+    from actors.weights.group import Group, receive
 
     try:
         sub = CollectiveSubscriber(endpoint, "replica-0", timeout_s=60)

@@ -1,5 +1,5 @@
 """A seeded fuzz of the weights subscriber's receive loop with mutated chunks interleaved with genuine versions, in
-three modes (core.weights_subscriber, core.weights_assembly, core.weights_seal):
+three modes (core.weights.subscriber, core.weights.assembly, core.weights.seal):
 
 - sealed: an outsider's chunks (aes-gcm): genuine sealed chunks bit-flipped, cut, extended, with frames dropped,
   added or swapped, headers and parts of other chunks, another publisher's key; and captured genuine chunks and
@@ -9,7 +9,7 @@ three modes (core.weights_subscriber, core.weights_assembly, core.weights_seal):
   name, offset, or a part that overruns, ends early or leaves the version unfinished), and replays;
 - plain (auth off): the same malformed inner chunks, random damage to any frame, and replays, all into the relay
   path (the only one an outsider reaches without keys); the publisher's K message vouches for each chunk by its
-  digest (core.weights_control.chunk_digest), so a well-formed forged chunk is refused too.
+  digest (core.weights.control.chunk_digest), so a well-formed forged chunk is refused too.
 
 Every mutated message goes through `_receive`, the receive loop's body, on the socket path it names. Asserted, in
 every mode: no exception escapes it, ever; each mutated message is refused or ignored, counted once, and leaves
@@ -31,9 +31,9 @@ import pytest
 import zmq
 
 from core.curve import RunKeys
-from core.weights_control import chunk_digest, key_message
-from core.weights_seal import PublisherSeal
-from core.weights_subscriber import WeightSubscriber
+from core.weights.control import chunk_digest, key_message
+from core.weights.seal import PublisherSeal
+from core.weights.subscriber import WeightSubscriber
 from tests.fuzz_inputs import mangle_frames, nesting_bomb
 from tests.test_weights_seal import _mutate
 

@@ -1,5 +1,5 @@
 """What a weights subscriber does with chunks that are genuine but out of place, replayed, altered, or numbered to
-wedge it (core.weights_subscriber, core.weights_assembly, core.weights_seal), on loopback with real publishers:
+wedge it (core.weights.subscriber, core.weights.assembly, core.weights.seal), on loopback with real publishers:
 
 - a genuine chunk arriving early, late or twice, and an altered copy, on a relay hop: the version still completes
   at once (well under the stall timeout), and the early and duplicate copies are counted, not taken;
@@ -19,9 +19,10 @@ import pytest
 import zmq
 
 from core.curve import RunKeys
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_control import chunk_digest, key_message
-from core.weights_subscriber import WeightSubscriber
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.control import chunk_digest, key_message
+from core.weights.subscriber import WeightSubscriber
 
 LOOPBACK = "127.0.0.1"
 RELAY = "a relay predecessor"

@@ -16,9 +16,10 @@ import zmq
 
 from core.admission import apply_admission
 from core.curve import CurveClient, KeyPair, RunKeys, release_handler
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_seal import ChunkSealer
-from core.weights_subscriber import WeightSubscriber
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.seal import ChunkSealer
+from core.weights.subscriber import WeightSubscriber
 
 LOOPBACK = "127.0.0.1"
 
@@ -243,7 +244,7 @@ def test_fanout_bench_measures_both_fan_outs_on_real_processes():
 def test_a_link_that_races_its_successors_admission_still_delivers_every_chunk_in_order():
     """The predecessor's link can arrive before the successor admits its key; libzmq never retries a refused
     CURVE handshake, so the forwarder must (and must lose nothing queued meanwhile)."""
-    from core.weights_forward import Forwarder
+    from core.weights.forward import Forwarder
 
     ctx = zmq.Context()
     a_keys, b_keys = KeyPair.generate(), KeyPair.generate()

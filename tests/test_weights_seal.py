@@ -1,4 +1,4 @@
-"""The sealed weights channel (core.weights_seal, transport.cipher=aes-gcm): a version arrives intact and
+"""The sealed weights channel (core.weights.seal, transport.cipher=aes-gcm): a version arrives intact and
 encrypted; a fuzz of sealed chunks (bit flips, truncation, extension, frames dropped, added, swapped, replayed
 under other counters or keys) in which nothing altered is taken and nothing alters what is being assembled."""
 from __future__ import annotations
@@ -11,10 +11,11 @@ import numpy as np
 import zmq
 
 from core.curve import RunKeys
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_control import key_message
-from core.weights_seal import CHUNK_HEADER, BufferPool, ChunkOpener, ChunkSealer, PublisherSeal
-from core.weights_subscriber import WeightSubscriber
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.control import key_message
+from core.weights.seal import CHUNK_HEADER, BufferPool, ChunkOpener, ChunkSealer, PublisherSeal
+from core.weights.subscriber import WeightSubscriber
 
 N = 20_000
 SEED = 20261204

@@ -1,4 +1,4 @@
-"""The weights channel's same-node path (core.weights_shm) over real ZeroMQ on loopback, in this process.
+"""The weights channel's same-node path (core.weights.shm) over real ZeroMQ on loopback, in this process.
 
 Checked: a subscriber that proves it reads the publisher's memory gets versions from the shelf (no chunk sent)
 with the exact bytes; one that does not (shm off) gets the same version over TCP; a slot is not rewritten
@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from core.trajectory import WireError
-from core.weights_channel import TensorBytes, WeightPublisher
-from core.weights_shm import WeightStaging, parse_shelved, read_probe, unpack_shelved
-from core.weights_subscriber import WeightSubscriber
+from core.weights.publisher import WeightPublisher
+from core.weights.tensors import TensorBytes
+from core.weights.shm import WeightStaging, parse_shelved, read_probe, unpack_shelved
+from core.weights.subscriber import WeightSubscriber
 
 SHAPES = {"a": (64, 32), "b": (1000,), "c": (3, 5, 7)}
 

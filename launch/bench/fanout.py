@@ -1,5 +1,5 @@
 """`python -m launch.bench fanout`: publish-to-last-ack time of one weight version to 1, 2, 4 and 8 subscriber
-processes, relay and star fan-out side by side (core.weights_relay, core.weights_channel).
+processes, relay and star fan-out side by side (core.weights.relay, core.weights.publisher).
 
 Each subscriber is a real process that receives, validates, assembles and acks (no engine); under relay it also
 forwards every chunk to the next. Per subscriber count, relay and star alternate, each timed over `--versions`
@@ -51,7 +51,7 @@ class Hosts:
 
 def _subscriber(endpoint: str, name: str, versions: int, relay_host: str, keys: dict | None) -> None:
     from core.curve import CurveClient, KeyPair
-    from core.weights_subscriber import WeightSubscriber
+    from core.weights.subscriber import WeightSubscriber
 
     curve = None
     if keys:
@@ -106,7 +106,8 @@ def fan_out(fanout: str, n_subs: int, payload: np.ndarray, versions: int, chunk_
     """Seconds from publish to the last subscriber's ack, for each of `versions` versions after a warm-up;
     `load["cores_busy"]`, when given, is set to the machine's mean busy cores over the timed versions."""
     from core.curve import RunKeys
-    from core.weights_channel import TensorBytes, WeightPublisher
+    from core.weights.publisher import WeightPublisher
+    from core.weights.tensors import TensorBytes
 
     names = [f"sub-{i}" for i in range(n_subs)]
     keys = RunKeys.generate(names) if hosts.curve else None

@@ -151,7 +151,7 @@ def weight_sync(publisher, handle, model_dir: Path, reps: int) -> dict[str, floa
     import ray
     from safetensors.numpy import load_file
 
-    from core.weights_channel import TensorBytes
+    from core.weights.tensors import TensorBytes
 
     state = load_file(str(model_dir / "model.safetensors"))
     tensors = [TensorBytes(k, "float32", tuple(v.shape), np.ascontiguousarray(v, np.float32).data)
@@ -244,53 +244,6 @@ def offline(model_dir: Path, prompts: list[list[int]], max_tokens: int, args) ->
     return tokens, elapsed
 
 
-def hf_one_at_a_time(model_dir: Path, prompts: list[list[int]], max_tokens: int, dtype: str) -> tuple[int, float]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
-    eos = model.generation_config.eos_token_id
-    with torch.no_grad():
-        model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=True, pad_token_id=eos)  # warm-up
-        tokens, t0 = 0, time.monotonic()
-        for p in prompts:
-            out = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=True, temperature=1.0,
-                                 top_p=1.0, top_k=0, pad_token_id=eos)
-            tokens += out.shape[1] - len(p)
-    elapsed = time.monotonic() - t0
-    del model
-    gc.collect()
-    return tokens, elapsed
-
-
-def hf_batched(model_dir: Path, prompts: list[list[int]], max_tokens: int, dtype: str) -> tuple[int, float]:
-    """Hugging Face `generate` on every prompt at once: left-padded to the longest, with an attention mask.
-    A row's tokens are counted up to and including its first end-of-sequence token (what follows is padding)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    pad = next(iter(eos_ids))
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        model.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, do_sample=True, pad_token_id=pad)
-        t0 = time.monotonic()
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=True, temperature=1.0,
-                             top_p=1.0, top_k=0, pad_token_id=pad)
-    elapsed = time.monotonic() - t0
-    tokens = 0
-    for row in out[:, width:].tolist():
-        ends = [i for i, t in enumerate(row) if t in eos_ids]
-        tokens += ends[0] + 1 if ends else len(row)
-    del model
-    gc.collect()
-    return tokens, elapsed
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m launch.bench generator", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default", help="model.path: `default`, a local folder or a hub name")
@@ -328,9 +281,9 @@ def main(argv: list[str]) -> int:
     from transformers import AutoTokenizer
 
     from actors.policy_client import PolicyClient
-    from core.weights_channel import WeightPublisher
-    from launch.generators import start_generators, stop_generators
-    from launch.ray_cluster import connect, shutdown
+    from core.weights.publisher import WeightPublisher
+    from launch.job.generators import start_generators, stop_generators
+    from launch.job.ray_cluster import connect, shutdown
 
     model_dir = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(model_dir)

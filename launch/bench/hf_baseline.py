@@ -9,10 +9,12 @@ hf_requests, dtype}.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +35,55 @@ def run_clean(model_dir: Path, prompts: list[list[int]], max_tokens: int, hf_req
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def hf_one_at_a_time(model_dir: Path, prompts: list[list[int]], max_tokens: int, dtype: str) -> tuple[int, float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    eos = model.generation_config.eos_token_id
+    with torch.no_grad():
+        model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=True, pad_token_id=eos)  # warm-up
+        tokens, t0 = 0, time.monotonic()
+        for p in prompts:
+            out = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=True, temperature=1.0,
+                                 top_p=1.0, top_k=0, pad_token_id=eos)
+            tokens += out.shape[1] - len(p)
+    elapsed = time.monotonic() - t0
+    del model
+    gc.collect()
+    return tokens, elapsed
+
+
+def hf_batched(model_dir: Path, prompts: list[list[int]], max_tokens: int, dtype: str) -> tuple[int, float]:
+    """Hugging Face `generate` on every prompt at once: left-padded to the longest, with an attention mask.
+    A row's tokens are counted up to and including its first end-of-sequence token (what follows is padding)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad = next(iter(eos_ids))
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        model.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, do_sample=True, pad_token_id=pad)
+        t0 = time.monotonic()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=True, temperature=1.0,
+                             top_p=1.0, top_k=0, pad_token_id=pad)
+    elapsed = time.monotonic() - t0
+    tokens = 0
+    for row in out[:, width:].tolist():
+        ends = [i for i, t in enumerate(row) if t in eos_ids]
+        tokens += ends[0] + 1 if ends else len(row)
+    del model
+    gc.collect()
+    return tokens, elapsed
+
+
 def main(argv: list[str]) -> int:
     import torch
-
-    from launch.bench.generator import hf_batched, hf_one_at_a_time
 
     spec = json.loads(Path(argv[0]).read_text())
     model_dir, prompts = Path(spec["model_dir"]), spec["prompts"]

@@ -14,7 +14,7 @@
 - The TCP paths under the run's CURVE keys (authenticated and encrypted, as off loopback by default): side by
   side with the plain TCP ones, `curve_over_plain_1mb` and `curve_over_plain_weights` (throughput ratios).
   Both channels as a run uses them (`transport.cipher=aes-gcm`: sealed by the sender, opened by the receiver,
-  core.seal and core.weights_seal), and with `curvezmq` beside them (`curvezmq_over_plain_*`).
+  core.seal and core.weights.seal), and with `curvezmq` beside them (`curvezmq_over_plain_*`).
 Throughput ratios are measured in this one run. The last line is the JSON of the figures.
 """
 from __future__ import annotations
@@ -170,7 +170,7 @@ def memcpy(nbytes: int, count: int) -> float:
 
 
 def _subscribe(endpoint: str, versions: int, curve=None) -> None:
-    from core.weights_subscriber import WeightSubscriber
+    from core.weights.subscriber import WeightSubscriber
 
     sub = WeightSubscriber(endpoint, name="bench-generator", curve=curve)
     for _ in range(versions):
@@ -180,7 +180,8 @@ def _subscribe(endpoint: str, versions: int, curve=None) -> None:
 
 
 def zmq_weights(nbytes: int, count: int, curve: str | None = None) -> float:
-    from core.weights_channel import TensorBytes, WeightPublisher
+    from core.weights.publisher import WeightPublisher
+    from core.weights.tensors import TensorBytes
 
     keys = _keys("bench-generator", curve) if curve else None
     pub = WeightPublisher(curve=keys.weights_server_side(["bench-generator"]) if keys else None)

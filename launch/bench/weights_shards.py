@@ -41,7 +41,7 @@ def cast(tensors, dtype: str):
     """The generator's dtype, from the learner's float32 (a copy per tensor; none when they agree)."""
     import torch
 
-    from core.weights_channel import TensorBytes
+    from core.weights.tensors import TensorBytes
 
     if dtype == "float32":
         return tensors

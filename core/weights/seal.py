@@ -12,7 +12,7 @@ Keys, all from the run's CURVE key pairs (core.curve.RunKeys) and one random sec
   (`ChunkSealer`); the clear seal header names the version, and is part of what the tag authenticates. Relays
   forward the sealed frames as they came, so a chain costs one encryption per chunk, not one per hop.
 
-The K message [b"K", {"nonce", "version", "key"}] (core.weights_control; sent in every mode, a key only with
+The K message [b"K", {"nonce", "version", "key"}] (core.weights.control; sent in every mode, a key only with
 aes-gcm): the publisher answers each hello with one (the version it is at), and sends one to every subscriber
 before the chunks of each version it publishes (that version and its chunk key, sealed for that subscriber
 alone). "nonce" repeats the random nonce of the hello it answers: valid for one incarnation of a subscriber.
@@ -22,11 +22,11 @@ What must hold:
   whose nonce is not its own (a capture from an earlier incarnation) is refused, and so is every message of the
   publisher's down session sealed before the first K message that carries its nonce (`SubscriberSeal`). A
   restarted subscriber therefore cannot open chunks of versions older than the one the publisher was at when
-  it said hello, and does not go back to them (core.weights_subscriber).
+  it said hello, and does not go back to them (core.weights.subscriber).
 - A chunk's nonce is (frame index, a counter of the sealer), unique per key: the counter never repeats within a
   publisher, and keys are per version and per publisher.
 - A chunk is opened before anything reads its header; a part that does not authenticate is refused without
-  touching what the assembly counts as filled (core.weights_assembly), so a forger cannot make a subscriber drop
+  touching what the assembly counts as filled (core.weights.assembly), so a forger cannot make a subscriber drop
   or complete a version. A genuine chunk replayed (early, late, twice, or from an old version) is authentic but
   out of place: the subscriber ignores and counts it; there is no replay window to keep.
 """
@@ -45,13 +45,13 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from core.curve import CurveClient, CurveServer
 from core.seal import HEADER, TAG_BYTES, Opener, Sealer, SealError
 from core.trajectory import WireError
-from core.weights_control import read_key_message
+from core.weights.control import read_key_message
 
 CHUNK_MAGIC = b"AGC2"
 CHUNK_HEADER = struct.Struct("<4sqQ")  # magic, version, counter
 _NONCE = struct.Struct("<IQ")  # frame index, counter
 _COUNT = struct.Struct("<I")
-KEY_MESSAGE = b"K"  # core.weights_control has its format
+KEY_MESSAGE = b"K"  # core.weights.control has its format
 UP, DOWN = b"weights-up", b"weights-down"
 PUBLISHER = "the publisher"
 def is_chunk(frames: list) -> bool:

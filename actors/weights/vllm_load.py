@@ -47,7 +47,7 @@ class DirectLoader:
         """Load one complete version; returns the number of tensors. The first call records, later ones replay.
         `weights`: a list of (name, tensor), or an iterator read once (a streamed version) with its `names`.
         A replay copies each tensor into place before taking the next, so the tensors may be views of a buffer
-        that is refilled later (actors.collective_buckets)."""
+        that is refilled later (actors.weights.group_buckets)."""
         import torch
 
         names = [name for name, _ in weights] if names is None else names

@@ -1,6 +1,6 @@
 """ZeroMQ weights channel: one publisher (learner rank 0) to every generator, versioned, chunked, acknowledged.
 
-Protocol (every control payload is msgpack, core.weights_control; tensor bytes travel as raw zero-copy frames):
+Protocol (every control payload is msgpack, core.weights.control; tensor bytes travel as raw zero-copy frames):
   subscriber -> publisher  [b"H", {"name", "relay"?, "nonce"}]     hello: register to receive weights
   publisher -> subscriber  [b"K", {"nonce", "version", "key", "digests"}]
                                                                    the answer to a hello, and before each version's
@@ -11,9 +11,9 @@ Protocol (every control payload is msgpack, core.weights_control; tensor bytes t
   subscriber -> publisher  [b"A", {"version", "ok", "error"}]       ack after the caller applied the version
   subscriber -> publisher  [b"P", {...}], publisher -> it [b"L", {...}]   relay progress and links
   publisher -> subscriber  [b"M", {"path"}], subscriber -> it [b"M", {"token"}]   same-node probe (shm=True)
-  publisher -> subscriber  [b"S", {"version", "path", "index"}]      a version on the shelf (core.weights_shm)
+  publisher -> subscriber  [b"S", {"version", "path", "index"}]      a version on the shelf (core.weights.shm)
 
-Fan-out: `star` sends every chunk to every subscriber; `relay` (core.weights_relay) sends each chunk once, to
+Fan-out: `star` sends every chunk to every subscriber; `relay` (core.weights.relay) sends each chunk once, to
 the head of a chain of subscribers, each forwarding it to the next, so the publisher's cost does not grow with
 the number of replicas.
 
@@ -23,7 +23,7 @@ several chunks; small ones share a chunk. dtype is a string ("float32", "bfloat1
 bytes and never interprets them, so core needs no torch. A subscriber exposes a version only once every
 byte of every tensor has arrived; a version that is superseded mid-transfer is discarded.
 
-Under the run's keys every message above is sealed over plain TCP (transport.cipher=aes-gcm, core.weights_seal:
+Under the run's keys every message above is sealed over plain TCP (transport.cipher=aes-gcm, core.weights.seal:
 chunks once, under a key per version that the publisher sends each subscriber in a "K" message), and every
 connection first passes core.admission's handshake (a token only a holder of a subscriber key can make), so an
 outsider makes the publisher hold at most one handshake frame of `MAX_CONTROL_BYTES` and delivers nothing; or
@@ -35,8 +35,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import msgpack
 import zmq
@@ -46,9 +45,11 @@ from core.curve import CurveServer, peer_name, release_handler, serve_curve
 from core.seal import SealError
 from core.trajectory import WireError
 from core.transport import LOOPBACK, DropLog, bind_endpoint
-from core.weights_control import (MAX_CONTROL_BYTES, MAX_DIGESTS, Progress, chunk_digest, control, endpoint_field,
+from core.weights.control import (MAX_CONTROL_BYTES, MAX_DIGESTS, Progress, chunk_digest, control, endpoint_field,
                                   field, hello_nonce, key_message, parse_progress)
-from core.weights_seal import PublisherSeal, SealedChunks
+from core.weights.seal import PublisherSeal, SealedChunks
+from core.weights.shm import Shelf
+from core.weights.tensors import TensorBytes, byte_view, chunk_tensors
 
 log = logging.getLogger("agentgym.weights")
 
@@ -56,27 +57,6 @@ POLL_BUDGET = 256  # control messages handled per `poll` call at most: a flood c
 ROUND_BUDGET = 4  # ... and per send round of a publish, so a flood costs a publish a few messages per round
 PACE_S = 0.0005  # a send round that found that many waiting lasts at least this long (`_paced_poll`)
 CONNECTION_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-
-
-@dataclass
-class TensorBytes:
-    """One named tensor as raw bytes; `data` is C-contiguous and `len(data) == prod(shape) * itemsize`."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    data: memoryview | bytearray | bytes
-
-
-@dataclass
-class WeightSet:
-    version: int
-    tensors: dict[str, TensorBytes]
-    shelf: tuple[str, list] | None = None  # (path, index) of a version read from the learner's shared memory
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(t.data) for t in self.tensors.values())
 
 
 def parse_event(message: list[bytes]) -> tuple[int, int]:
@@ -91,45 +71,6 @@ def srcfd(frame: zmq.Frame) -> int:
         return frame.get(zmq.SRCFD)
     except (zmq.ZMQError, AttributeError):
         return -1
-
-
-def byte_view(data) -> memoryview:
-    """A flat byte view of a C-contiguous buffer (an empty buffer of any shape gives an empty view)."""
-    view = memoryview(data)
-    return view.cast("B") if view.nbytes else memoryview(b"")
-
-
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
-             "uint8": 1, "bool": 1, "int16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a dtype the channel carries; WireError for any other."""
-    size = _ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
-    if size is None:
-        raise WireError("dtype", f"unsupported dtype {dtype!r:.40}")
-    return size
-
-
-def _chunks(tensors: Iterable[TensorBytes], chunk_bytes: int) -> Iterator[list[tuple[TensorBytes, int, memoryview]]]:
-    """Group tensor byte ranges into chunks of at most `chunk_bytes` (a lone large tensor is split)."""
-    chunk: list[tuple[TensorBytes, int, memoryview]] = []
-    room = chunk_bytes
-    for t in tensors:
-        view = byte_view(t.data)
-        offset = 0
-        while True:  # an empty tensor still gets one (empty) part, so the receiver learns its shape
-            take = min(room, len(view) - offset)
-            chunk.append((t, offset, view[offset:offset + take]))
-            offset += take
-            room -= take
-            if room == 0:
-                yield chunk
-                chunk, room = [], chunk_bytes
-            if offset >= len(view):
-                break
-    if chunk:
-        yield chunk
 
 
 class WeightPublisher:
@@ -150,7 +91,7 @@ class WeightPublisher:
     - A subscriber that stops reading cannot stall the others: each peer is fed as far as its queue allows,
       and one that takes no chunk for `stall_timeout_s` is skipped for the rest of that version, named in
       the log and in `stalled[version]`. With `fanout="relay"` the same holds of a chain member that dies or
-      stalls: the chain is re-linked around it (core.weights_relay), counted in `relinked`.
+      stalls: the chain is re-linked around it (core.weights.relay), counted in `relinked`.
     - Nobody waits for an ack that cannot come: a subscriber that says hello again under its name (a restarted
       process) counts as having skipped the versions it had not acked, and `wait_acks` does not wait for the
       subscribers the caller names as down (`excused`). Publishing a version again sends it to them anew.
@@ -160,7 +101,7 @@ class WeightPublisher:
                  hwm: int = 8, ctx: zmq.Context | None = None, curve: CurveServer | None = None,
                  expected: Iterable[str] | None = None, stall_timeout_s: float = 30.0, fanout: str = "star",
                  shm: bool = False):
-        """`shm`: serve subscribers on this node through shared memory (core.weights_shm) once they prove it."""
+        """`shm`: serve subscribers on this node through shared memory (core.weights.shm) once they prove it."""
         # Chunks stay well under glibc's 32 MB mmap threshold, so the receiver's per-message buffers are
         # recycled from the heap instead of being mapped (and page-faulted) afresh for every chunk.
         # Weights go out zero-copy: an own context, terminated on close, outlives every queued frame.
@@ -171,7 +112,7 @@ class WeightPublisher:
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
-        # transport.cipher: aes-gcm seals every message in this thread (core.weights_seal) over plain TCP, behind
+        # transport.cipher: aes-gcm seals every message in this thread (core.weights.seal) over plain TCP, behind
         # core.admission's handshake; curvezmq has ZeroMQ encrypt. Either way the ZAP handler names each peer.
         sealed = curve is not None and curve.cipher == "aes-gcm"
         self.seal = PublisherSeal(curve, MAX_CONTROL_BYTES) if sealed else None
@@ -213,8 +154,6 @@ class WeightPublisher:
         self.published = -1
         self._digests: tuple[int, bytes] = (-1, b"")  # auth off, relay: the version being published, its digests
         self.drops = DropLog("weights control message", log)
-        from core.weights_shm import Shelf
-
         self.shelf = Shelf() if shm else None
         self.same_node: set[str] = set()  # subscribers that proved they read this process's shared memory
         self.acked: dict[str, int] = {}  # subscriber -> the latest version it acked
@@ -324,7 +263,7 @@ class WeightPublisher:
                 continue
 
     def _send_key(self, routing: bytes) -> None:
-        """The K message owed to `routing` (core.weights_control), if any; zmq.Again if its queue is full."""
+        """The K message owed to `routing` (core.weights.control), if any; zmq.Again if its queue is full."""
         owed = self._keys_owed.get(routing)
         if owed is None:
             return
@@ -434,7 +373,7 @@ class WeightPublisher:
             log.warning("weights publisher: version %d has no subscribers", version)
         self.published = max(self.published, version)
         tensors = list(tensors)
-        chunks = list(_chunks(tensors, self.chunk_bytes))
+        chunks = list(chunk_tensors(tensors, self.chunk_bytes))
         messages = []
         for seq, chunk in enumerate(chunks):
             header = msgpack.packb({
@@ -461,7 +400,7 @@ class WeightPublisher:
         if self.seal is not None:
             messages = SealedChunks(version, messages, self.seal.chunks, self.seal.buffers)
         if self.fanout == "relay":
-            from core.weights_relay import RelayFanout
+            from core.weights.relay import RelayFanout
 
             RelayFanout(self, version, messages).run()
         else:

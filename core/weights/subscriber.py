@@ -1,4 +1,4 @@
-"""The generator's end of the weights channel (core.weights_channel has the protocol and the publisher).
+"""The generator's end of the weights channel (core.weights.publisher has the protocol and the publisher).
 
 What must hold:
 - Nothing a socket delivers stops the subscriber or raises out of `poll`: a malformed chunk raises `WireError`
@@ -6,9 +6,9 @@ What must hold:
   same (field "memory"). A dropped chunk leaves what is being assembled exactly as it was.
 - Every header number is an integer in range before it is used, shapes, dtypes and byte counts agree, and a
   version's buffers are checked against what this subscriber expects (`expected`: tensor name -> shape, the
-  model's own parameters) and against `max_total_bytes` *before* anything is allocated (core.weights_assembly);
+  model's own parameters) and against `max_total_bytes` *before* anything is allocated (core.weights.assembly);
   without either, the budget is this machine's physical memory, so no header can ask for more.
-- Authenticity before order. Sealed (`curve` with cipher aes-gcm, core.weights_seal): a message is opened, and
+- Authenticity before order. Sealed (`curve` with cipher aes-gcm, core.weights.seal): a message is opened, and
   a chunk's every part authenticated, before it can change anything; one that does not open is refused and
   counted (reason "auth"). An authentic chunk out of place (an older version, a chunk held already, one that
   arrives early) is ignored and counted in `ignored`, by reason ("old", "duplicate", "early"): never a reason to
@@ -22,7 +22,7 @@ What must hold:
   and any chunk 0 of an announced version supersedes one that took nothing for `stall_s` (the publisher's
   stall timeout when it relays): both counted in `abandoned` and logged. So no version number, and no chunk
   that never continues, can wedge a subscriber.
-- Relay (`relay_host` given; core.weights_relay has the chain): every chunk accepted here, and only those, is
+- Relay (`relay_host` given; core.weights.relay has the chain): every chunk accepted here, and only those, is
   forwarded to the successor the publisher names, before the version it completes is handed out; progress
   reports go to the publisher every `heartbeat_s` while polling, and at once when a version completes.
 """
@@ -43,12 +43,12 @@ from core.curve import CurveClient, release_handler
 from core.seal import TAG_BYTES, SealError
 from core.trajectory import WireError
 from core.transport import DropLog
-from core.weights_assembly import Assembly, parse_chunk_header
-from core.weights_channel import MAX_CONTROL_BYTES, WeightSet
-from core.weights_control import (DIGEST_BYTES, chunk_digest, new_nonce, parse_link, progress_message,
-                                  read_key_message, unpack_map)
-from core.weights_forward import Forwarder
-from core.weights_seal import KEY_MESSAGE, PUBLISHER, OpenChunk, SubscriberSeal, chunk_version, is_chunk
+from core.weights.assembly import Assembly, parse_chunk_header
+from core.weights.control import (DIGEST_BYTES, MAX_CONTROL_BYTES, chunk_digest, new_nonce, parse_link,
+                                  progress_message, read_key_message, unpack_map)
+from core.weights.forward import Forwarder
+from core.weights.seal import KEY_MESSAGE, PUBLISHER, OpenChunk, SubscriberSeal, chunk_version, is_chunk
+from core.weights.tensors import WeightSet
 
 log = logging.getLogger("agentgym.weights")
 
@@ -63,7 +63,7 @@ def physical_memory() -> int:
 
 def chunk_frame_cap(chunk_bytes: int) -> int:
     """The largest frame a genuine chunk of a publisher whose `chunk_bytes` is this can carry: a part holds at most
-    `chunk_bytes` (core.weights_channel splits larger tensors), plus a seal's tag. A subscriber's sockets cap
+    `chunk_bytes` (core.weights.publisher splits larger tensors), plus a seal's tag. A subscriber's sockets cap
     frames there, so that an outsider's unfinished handshake frame is held no larger (core.admission)."""
     return max(chunk_bytes + TAG_BYTES, MAX_CONTROL_BYTES)
 
@@ -82,7 +82,7 @@ class WeightSubscriber:
                  relay_advertise: str = "", heartbeat_s: float = 0.25, shm: bool = False):
         """`relay_host`: bind a forwarding socket there and take part in a relay chain (None: receive only from
         the publisher); `relay_advertise`: the address others reach it at when `relay_host` is a wildcard.
-        `shm`: take versions from the publisher's shared memory when it is on this node (core.weights_shm)."""
+        `shm`: take versions from the publisher's shared memory when it is on this node (core.weights.shm)."""
         # A relay subscriber forwards frames zero-copy and serves CURVE: its own context (and ZAP handler).
         self._own_ctx = ctx is None and relay_host is not None
         self._ctx = zmq.Context() if self._own_ctx else (ctx or zmq.Context.instance())
@@ -96,7 +96,7 @@ class WeightSubscriber:
         self._sock.setsockopt(zmq.RCVHWM, 8)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_chunk_bytes, MAX_CONTROL_BYTES))
-        # aes-gcm: every message sealed here (core.weights_seal), chunks forwarded still sealed; curvezmq: CURVE
+        # aes-gcm: every message sealed here (core.weights.seal), chunks forwarded still sealed; curvezmq: CURVE
         # on this socket and on the relay sockets.
         sealed = curve is not None and curve.cipher == "aes-gcm"
         self.nonce = new_nonce()  # this incarnation's: the publisher's K message must repeat it
@@ -256,7 +256,7 @@ class WeightSubscriber:
 
     def _same_node(self, frames: list) -> None:
         """The publisher's probe (answered with the token read from its memory) or a version on its shelf."""
-        from core.weights_shm import parse_shelved, read_probe, unpack_shelved
+        from core.weights.shm import parse_shelved, read_probe, unpack_shelved
 
         if len(frames) != 2:
             raise WireError("frames", f"expected 2 frames, got {len(frames)}")
@@ -289,7 +289,7 @@ class WeightSubscriber:
         self._report()
 
     def _report(self) -> None:
-        """Tell the publisher what this subscriber holds (core.weights_relay reads it)."""
+        """Tell the publisher what this subscriber holds (core.weights.relay reads it)."""
         a = self._assembly
         have = (a.version, a.next_seq, False) if a is not None else (self.latest_version, 0, True)
         self._reported = time.monotonic()

@@ -1,4 +1,4 @@
-"""A generator replica's end of the weights group (transport.weights_sync=collective, actors.weights_collective):
+"""A generator replica's end of the weights group (transport.weights_sync=collective, actors.weights.group):
 joining it, and taking part in each announced version and loading it in place, like the ZeroMQ channel's
 `Generator.apply_weights`. Mixed into actors.generator.Generator, whose engine, gate and stats it uses.
 """
@@ -22,7 +22,7 @@ class CollectiveWeights:
     _group_thread: threading.Thread | None = None
 
     async def apply_collective(self, raw: bytes, ann, problem: str = "", mode: str | None = None) -> float:
-        """Take part in one announced version of the weights group (actors.weights_collective) and load it in
+        """Take part in one announced version of the weights group (actors.weights.group) and load it in
         place, like `apply_weights`. A set that does not fit the checkpoint is received and dropped (the group's
         other members wait on every broadcast), then refused with WeightUpdateError."""
         mode = mode or self.cfg.on_weight_update
@@ -53,7 +53,7 @@ class CollectiveWeights:
         learner rank 0 forms the group (its store answers only then, so waiting for it here would hold the
         learner, which forms the group after every replica has returned), then applies and acks every
         announced version. A join that fails later is reported by health()."""
-        from actors.collective_subscriber import parse_endpoint
+        from actors.weights.group_subscriber import parse_endpoint
 
         parse_endpoint(endpoint)
         if self._group_thread is not None:
@@ -66,7 +66,7 @@ class CollectiveWeights:
 
     def _collective_loop(self, endpoint: str, rank_offset: int, world_size: int, timeout_s: float,
                          loop: asyncio.AbstractEventLoop) -> None:
-        from actors.collective_subscriber import CollectiveSubscriber
+        from actors.weights.group_subscriber import CollectiveSubscriber
 
         try:
             sub = CollectiveSubscriber(endpoint, self.name, timeout_s)

@@ -1,17 +1,17 @@
-"""One weights version being put together from its chunks (core.weights_subscriber receives them; the protocol
-is in core.weights_channel).
+"""One weights version being put together from its chunks (core.weights.subscriber receives them; the protocol
+is in core.weights.publisher).
 
 What must hold:
 - Every header number is an integer in range before it is used; shapes, dtypes and byte counts agree; a
   version's buffers are checked against what the subscriber expects (tensor name -> shape, the model's own
   parameters) and against a byte budget *before* anything is allocated.
 - Chunks are taken in order, each continuing exactly where the last one ended, in the layout the publisher
-  makes (core.weights_channel `_chunks`): every part of a chunk but its last ends its tensor; a tensor left
+  makes (core.weights.publisher `_chunks`): every part of a chunk but its last ends its tensor; a tensor left
   unfinished continues in the next chunk's first part; the last chunk finishes every tensor. A chunk that breaks
   any of these is refused by itself, so no chunk can leave a version that can never complete.
 - A chunk is taken whole or not at all: the assembly (chunks taken, bytes counted as filled, buffers, bytes
   allocated) changes only once every part of the chunk is checked and written; a sealed part that does not
-  authenticate (core.weights_seal), a malformed part or a failed allocation leaves it as it was (buffers taken
+  authenticate (core.weights.seal), a malformed part or a failed allocation leaves it as it was (buffers taken
   for the chunk go back to the spares).
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import msgpack
 import numpy as np
 
 from core.trajectory import WireError
-from core.weights_channel import TensorBytes, WeightSet, itemsize
-from core.weights_seal import OpenChunk
+from core.weights.tensors import TensorBytes, WeightSet, itemsize
+from core.weights.seal import OpenChunk
 
 MAX_VERSION = (1 << 62) - 1
 MAX_CHUNKS = 1 << 24

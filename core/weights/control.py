@@ -1,4 +1,4 @@
-"""Control messages of the weights channel (core.weights_channel has the data protocol), each checked on decode.
+"""Control messages of the weights channel (core.weights.publisher has the data protocol), each checked on decode.
 
   subscriber -> publisher  [b"H", {"name", "relay"?, "nonce"}]            hello ("relay": its forwarding endpoint;
                                                                           "nonce": random, per incarnation)

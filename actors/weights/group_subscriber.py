@@ -1,6 +1,6 @@
-"""A generator replica's control end of the weights group (actors.weights_collective): it reads announcements from
+"""A generator replica's control end of the weights group (actors.weights.group): it reads announcements from
 the group's store and writes acks there. The data goes to the replica's vLLM worker(s), which joined the group
-themselves (actors.vllm_weights); this process only takes part in the control.
+themselves (actors.weights.vllm_worker); this process only takes part in the control.
 
 What must hold:
 - Announcements are taken in order (`announce/0`, `announce/1`, ...), each exactly once; one that does not decode
@@ -15,7 +15,7 @@ import time
 
 import msgpack
 
-from actors.weights_collective import PREFIX, Announcement
+from actors.weights.group import PREFIX, Announcement
 from core.trajectory import WireError
 
 

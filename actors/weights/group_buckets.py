@@ -1,4 +1,4 @@
-"""A weight version through the weights group (actors.weights_collective) in bounded buckets.
+"""A weight version through the weights group (actors.weights.group) in bounded buckets.
 
 A version is cut into consecutive buckets of at most `bucket_bytes` (transport.weights_bucket_mb): the tensors in
 the announced order, in the wire dtype, at 256-byte aligned offsets; a tensor larger than a bucket fills one
@@ -11,7 +11,7 @@ What must hold:
   allocates, so a test can check the peak), plus, on a receiver whose loader keeps tensors, that loader's own
   copies (vLLM's reload keeps a layer's tensors until the layer is complete).
 - The plan is a pure function of (names and shapes, wire dtype, bucket_bytes): a receiver recomputes it from the
-  announcement and refuses one whose offsets differ (actors.weights_collective.Announcement.unpack).
+  announcement and refuses one whose offsets differ (actors.weights.group.Announcement.unpack).
 - A bucket counts as moved only when its Work reports completion on the host (`Group.finish`; under NCCL the
   collective's end event on the GPU) within the version's deadline, `timeout_s` after the version started.
   Past it, or on any error, the group is aborted and WeightsGroupError names the version and the bucket, so
@@ -133,7 +133,7 @@ class VersionStream:
 
     def __init__(self, group, ann, engine_dtype: torch.dtype, ipc=None, copies: bool = False,
                  extra_aliases: Iterable[tuple[str, str]] = ()):
-        """`ipc`: an actors.weights_ipc.Importer when the announcement's mode is ipc. `extra_aliases`: more
+        """`ipc`: an actors.weights.cuda_ipc.Importer when the announcement's mode is ipc. `extra_aliases`: more
         (name, source name) pairs to yield, for names the engine needs and the learner did not send."""
         if ann.mode == "ipc" and ipc is None:
             raise RuntimeError("an IPC version reached a member that cannot open IPC handles")

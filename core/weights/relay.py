@@ -1,5 +1,5 @@
 """Relay fan-out of one weights version: the publisher sends each chunk once, to the head of a chain of
-subscribers; each forwards every chunk it accepted to its successor (core.weights_forward), so a version reaches
+subscribers; each forwards every chunk it accepted to its successor (core.weights.forward), so a version reaches
 N replicas in about one transfer time plus N chunk latencies, and the publisher's cost does not grow with N.
 
 How the chain is formed: the relay subscribers in the order they registered, those lost in the previous version
@@ -25,7 +25,7 @@ import time
 
 import zmq
 
-from core.weights_control import Link, link_message
+from core.weights.control import Link, link_message
 
 log = logging.getLogger("agentgym.weights")
 

@@ -1,4 +1,4 @@
-"""A generator replica's end of the weights channel (ZeroMQ, core.weights_subscriber) and the in-place load that
+"""A generator replica's end of the weights channel (ZeroMQ, core.weights.subscriber) and the in-place load that
 every path shares: checking a version against the checkpoint, staging it (or reading the learner's shared
 memory on this node), and swapping it into the paused engine. Mixed into actors.generator.Generator, whose
 engine, gate, staging file and stats it uses; actors/generator.py says what must hold of an update.
@@ -10,12 +10,12 @@ import logging
 import threading
 import time
 
-from actors.generator_collective import WeightUpdateError
+from actors.weights.group_generator import WeightUpdateError
 from actors.update_gate import ENGINE_PAUSE_MODE
 from core.curve import CurveClient
 from core.models import tensor_set_mismatch
-from core.weights_channel import TensorBytes, WeightSet
-from core.weights_subscriber import WeightSubscriber, chunk_frame_cap
+from core.weights.tensors import TensorBytes, WeightSet
+from core.weights.subscriber import WeightSubscriber, chunk_frame_cap
 
 log = logging.getLogger("agentgym.generator")
 
@@ -122,10 +122,10 @@ class ChannelWeights:
                                 relay_advertise: str = "", chunk_bytes: int = 64 << 20) -> None:
         """Start the background thread that receives versions from the weights channel, applies and acks them.
         `curve`: this replica's credentials when the channel is authenticated. `relay_host`: bind a forwarding
-        socket there and relay chunks to the next replica (core.weights_relay; None: receive only);
+        socket there and relay chunks to the next replica (core.weights.relay; None: receive only);
         `relay_advertise`: this node's address, when `relay_host` is a wildcard. `chunk_bytes`: the publisher's
         chunk size (transport.weights_chunk_mb): no frame on this replica's sockets may be larger, so that is all
-        an outsider's unfinished handshake can make it hold (core.weights_subscriber.chunk_frame_cap)."""
+        an outsider's unfinished handshake can make it hold (core.weights.subscriber.chunk_frame_cap)."""
         if self._thread is not None:
             raise RuntimeError(f"{self.name} already subscribes to the weights channel")
         loop = asyncio.get_running_loop()

@@ -4,7 +4,7 @@
 other processes of the same user through /proc/<pid>/fd/<fd>, so no exit leaves it behind; its pages are
 touched once and reused by every version. A generator stages each version there for its vLLM engine.
 
-`Shelf` is the learner's end of the same-node path (core.weights_channel, `shm=True`). Over TCP a version costs
+`Shelf` is the learner's end of the same-node path (core.weights.publisher, `shm=True`). Over TCP a version costs
 the learner's send, the kernel's copies and the generator's staging copy; through the shelf it costs one copy,
 into a slot the engine reads directly.
 
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 from core.trajectory import WireError
-from core.weights_channel import TensorBytes, WeightSet, byte_view, itemsize
-from core.weights_control import unpack_map
+from core.weights.tensors import TensorBytes, WeightSet, byte_view, itemsize
+from core.weights.control import unpack_map
 
 ALIGN = 64
 TOKEN_BYTES = 32

@@ -7,17 +7,17 @@ decoded; writing them once into a memory-mapped staging file and passing only it
 0.9 s, most of it vLLM's own reload. Tensors themselves do not survive `collective_rpc` serialization.
 
 What must hold:
-- The file is a `core.weights_shm.WeightStaging` (the generator's staging file) or a slot of the learner's
+- The file is a `core.weights.shm.WeightStaging` (the generator's staging file) or a slot of the learner's
   shelf, when the learner shares this node (transport.weights_shm): then nothing is copied before the engine.
 - `WeightLoadExtension` is mixed into vLLM's worker class (`worker_extension_cls`); its
   `agentgym_load_weights(path, index, direct)` maps the file, views each tensor without copying, and loads them
-  by replaying the first version's loader calls (`actors.vllm_direct.DirectLoader`, generator.weights_load=
+  by replaying the first version's loader calls (`actors.weights.vllm_load.DirectLoader`, generator.weights_load=
   direct) or through the worker's `reload_weights` (vLLM rebuilds and re-processes every layer). The model
   must end up owning copies: a parameter that still points into the file would change under the next
   version's write, so that is checked and refused.
 - `agentgym_join_weights_group` / `agentgym_receive_weights` are the worker's end of the collective weight path
-  (actors.weights_collective): the worker joins the weights group once, then loads each announced version as it
-  streams in, bucket by bucket (actors.collective_buckets), never holding all of it: a replaying DirectLoader
+  (actors.weights.group): the worker joins the weights group once, then loads each announced version as it
+  streams in, bucket by bucket (actors.weights.group_buckets), never holding all of it: a replaying DirectLoader
   copies each tensor into place from the receive buffer; vLLM's reload and the first (recording) load keep what
   they are given for a while, so they are given copies. A version whose load fails is still received to its
   end (the group's other members wait on every bucket), then refused.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 
-WORKER_EXTENSION = "actors.vllm_weights.WeightLoadExtension"
+WORKER_EXTENSION = "actors.weights.vllm_worker.WeightLoadExtension"
 
 
 class _RotaryReloadNotice(logging.Filter):
@@ -81,7 +81,7 @@ class WeightLoadExtension:
         """Load `weights` (a list, or with `names` an iterator that can be read only once, such as a streamed
         version: a record that turns out unsupported then cannot be loaded again through vLLM's reload, and the
         version is refused, named; the next one takes the reload)."""
-        from actors.vllm_direct import DirectLoader, DirectLoadUnsupported
+        from actors.weights.vllm_load import DirectLoader, DirectLoadUnsupported
 
         loader = getattr(self, "_agentgym_direct", None)
         if direct and loader is None:
@@ -111,7 +111,7 @@ class WeightLoadExtension:
         """Join the weights group as rank `rank_offset + this worker's rank`; blocks until the group is formed."""
         import torch
 
-        from actors.weights_collective import Group
+        from actors.weights.group import Group
 
         group = Group(host, port, rank_offset + int(self.rank), world_size, torch.device(self.device), timeout_s)
         self._agentgym_group = group
@@ -122,9 +122,9 @@ class WeightLoadExtension:
         """Take part in one announced version, loading it as it streams unless `load` is false (a refused version
         is received and dropped, so the group's sequence stays whole). `extra_aliases`: [[name, source name]] to
         add. Returns the number of tensors loaded."""
-        from actors.collective_buckets import VersionStream
-        from actors.weights_collective import Announcement
-        from actors.weights_ipc import Importer
+        from actors.weights.group_buckets import VersionStream
+        from actors.weights.group import Announcement
+        from actors.weights.cuda_ipc import Importer
 
         ann = Announcement.unpack(announcement)
         group = self._agentgym_group

@@ -1,21 +1,21 @@
-"""CUDA IPC for the weights group (actors.weights_collective) when every worker sees learner rank 0's GPU.
+"""CUDA IPC for the weights group (actors.weights.group) when every worker sees learner rank 0's GPU.
 
 Written against torch's own `reduce_tensor` / `rebuild_cuda_tensor` (torch/multiprocessing/reductions.py), the
 same pair vLLM's IPC weight transfer uses. Runs only on CUDA; `launch.gpu_check` step `collective_update` is its
 check.
 
 What must hold:
-- Rank 0 owns one staging buffer of one bucket (actors.collective_buckets: transport.weights_bucket_mb, grown
+- Rank 0 owns one staging buffer of one bucket (actors.weights.group_buckets: transport.weights_bucket_mb, grown
   only for a tensor larger than that, then kept), so its IPC handle stays valid for as long as any worker may
   open it; it is refilled only after the all-reduce that says every worker has loaded the bucket from it.
-  Workers allocate nothing for a bucket: their loader reads it in place (actors.collective_buckets.VersionStream).
+  Workers allocate nothing for a bucket: their loader reads it in place (actors.weights.group_buckets.VersionStream).
 - A handle travels as plain values (sizes, ints, bytes) in msgpack, never as a pickle: the rebuild function and
   the tensor and storage classes are fixed on the receiving side. The receiving worker opens the handle on its
   own index of the GPU with rank 0's UUID (CUDA_VISIBLE_DEVICES differs between processes) once per handle and
   keeps that mapping while rank 0 keeps announcing the same handle (torch pairs one export with one rebuild and
   release; opening it per bucket would unbalance that count).
 - Rank 0's copies into a bucket are complete on the host (a synchronize) before its handle is announced, and
-  every wait has the version's deadline (WeightsGroupError past it, actors.weights_collective).
+  every wait has the version's deadline (WeightsGroupError past it, actors.weights.group).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import time
 import msgpack
 import torch
 
-from actors.collective_buckets import bucket_sizes, nbytes
-from actors.weights_collective import Announcement, Group, dtype_name, torch_dtype
+from actors.weights.group_buckets import bucket_sizes, nbytes
+from actors.weights.group import Announcement, Group, dtype_name, torch_dtype
 from core.trajectory import WireError
 
 

@@ -12,10 +12,10 @@ Control (msgpack values in the group's store, each checked on decode):
   rank 0        `announce/<seq>`    {"version", "dtype", "mode", "tensors": [[name, shape], ...],
                                      "aliases": [[name, source name], ...], "bucket_bytes", "buckets": [...]}
   each replica  `ack/<seq>/<name>`  {"ok", "error"}
-Data moves in buckets of at most `bucket_bytes` (transport.weights_bucket_mb; actors.collective_buckets): the
+Data moves in buckets of at most `bucket_bytes` (transport.weights_bucket_mb; actors.weights.group_buckets): the
 tensors, in the announced order and (wire) dtype, packed at 256-byte aligned offsets. `mode` "broadcast": one
 broadcast per bucket, through two buffers on each member (the next bucket arrives while this one loads); "ipc":
-rank 0 fills a staging bucket and announces its CUDA IPC handle (actors.weights_ipc), the workers load straight
+rank 0 fills a staging bucket and announces its CUDA IPC handle (actors.weights.cuda_ipc), the workers load straight
 from it, and one all-reduce per bucket says every worker is done with it.
 
 What must hold:
@@ -61,7 +61,7 @@ class WeightsGroupError(RuntimeError):
 @dataclass
 class Announcement:
     """One version's index. `tensors` in send order; `buckets`: per bucket, its tensors' byte offsets, exactly
-    `actors.collective_buckets.plan(tensors, dtype, bucket_bytes)` (checked on decode)."""
+    `actors.weights.group_buckets.plan(tensors, dtype, bucket_bytes)` (checked on decode)."""
 
     version: int
     seq: int  # this group's count of announcements before this one (names the IPC keys)
@@ -116,7 +116,7 @@ class Announcement:
         bucket_bytes = body.get("bucket_bytes")
         if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or not 0 < bucket_bytes <= MAX_BUCKET:
             raise WireError("bucket_bytes", f"expected an int in (0, {MAX_BUCKET}], got {bucket_bytes!r:.40}")
-        from actors.collective_buckets import plan  # the plan is recomputed here, never taken on trust
+        from actors.weights.group_buckets import plan  # the plan is recomputed here, never taken on trust
 
         buckets = body.get("buckets")
         if buckets != plan(tensors, torch_dtype(dtype), bucket_bytes):
@@ -283,8 +283,8 @@ def gpu_uuid(device: torch.device) -> str:
 def receive(group: Group, ann: Announcement, engine_dtype: torch.dtype, ipc=None) -> list[tuple[str, torch.Tensor]]:
     """A receiver's side of one whole version, collected: every announced tensor (then its aliases) copied out in
     the engine's dtype on this member's device. For tests and small models; an engine loads a version as it
-    streams instead (actors.collective_buckets.VersionStream), never holding all of it."""
-    from actors.collective_buckets import VersionStream
+    streams instead (actors.weights.group_buckets.VersionStream), never holding all of it."""
+    from actors.weights.group_buckets import VersionStream
 
     stream = VersionStream(group, ann, engine_dtype, ipc, copies=True)
     try:

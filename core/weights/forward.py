@@ -1,5 +1,5 @@
 """A weights subscriber's relay hop: the socket its predecessor forwards chunks into, and the socket it forwards
-accepted chunks out of, to the successor the publisher named (core.weights_relay has the chain protocol).
+accepted chunks out of, to the successor the publisher named (core.weights.relay has the chain protocol).
 
 What must hold:
 - The inbound socket is a server: under the run's keys it uses this subscriber's own key pair and admits only

@@ -1,12 +1,12 @@
-"""Learner rank 0's end of the weights group (actors.weights_collective): the same narrow interface as the ZeroMQ
+"""Learner rank 0's end of the weights group (actors.weights.group): the same narrow interface as the ZeroMQ
 `WeightPublisher` (`endpoint`, `peers`, `wait_for_peers`, `publish`, `wait_acks`, `close`), so the learner and
 launch treat both alike.
 
 What must hold:
 - The group forms in `wait_for_peers` (it blocks until every member has joined); publishing before that raises.
 - `publish` announces a version's names, shapes and bucket plan, then sends the data in buckets of at most
-  `bucket_bytes` (actors.collective_buckets): CUDA IPC when every worker reported that it sees rank 0's GPU
-  (actors.weights_ipc), one broadcast per bucket otherwise. It returns only once every bucket has completed on
+  `bucket_bytes` (actors.weights.group_buckets): CUDA IPC when every worker reported that it sees rank 0's GPU
+  (actors.weights.cuda_ipc), one broadcast per bucket otherwise. It returns only once every bucket has completed on
   the host (under NCCL too, where a Work's wait alone does not block the host); acks say the engines loaded it.
 - A member that dies or stalls mid-version fails `publish` within `timeout_s` (the channel's ack timeout) with
   WeightsGroupError naming the version and bucket; the group is aborted then, never left to NCCL's watchdog,
@@ -23,8 +23,8 @@ from typing import Iterable
 import msgpack
 import torch
 
-from actors.collective_buckets import plan, send_version
-from actors.weights_collective import Announcement, Group, WeightsGroupError, tensor_bytes, torch_dtype
+from actors.weights.group_buckets import plan, send_version
+from actors.weights.group import Announcement, Group, WeightsGroupError, tensor_bytes, torch_dtype
 
 log = logging.getLogger("agentgym.weights")
 
@@ -55,7 +55,7 @@ class CollectivePublisher:
         self.seq = 0
         self.published = -1
         self._drops = None
-        self.zap = None  # no CURVE on this path (see actors.weights_collective)
+        self.zap = None  # no CURVE on this path (see actors.weights.group)
         self.relinked = 0
         self._exporter = None
 
@@ -70,7 +70,7 @@ class CollectivePublisher:
         self.listener.detach()  # the store owns the listening socket now, and closes it
         self.group.timeout_s = self.timeout_s
         if self.group.ipc:
-            from actors.weights_ipc import Exporter
+            from actors.weights.cuda_ipc import Exporter
 
             self.mode, self._exporter = "ipc", Exporter(self.device)
         self.peers = {name: name for name in self.replicas}
