@@ -14,12 +14,12 @@ import zmq
 from configs.fields import ConfigError
 from configs.load import load_config
 from core.admission import apply_admission
-from core.curve import CurveClient, KeyPair, RunKeys
 from core.codec import encode
+from core.curve import CurveClient, KeyPair, RunKeys
 from core.transport import TrajectoryReceiver, TrajectorySender
 from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 from launch.bench.samples import make_trajectory
 
 POOLS, GENS = ["envpool-0", "envpool-1"], ["generator-0", "generator-1"]

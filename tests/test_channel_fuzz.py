@@ -18,8 +18,8 @@ from core.trajectory import WireError
 from core.transport import TrajectoryReceiver, TrajectorySender, frame_cap
 from core.weights.assembly import MAX_VERSION
 from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 from launch.bench.samples import make_trajectory
 from tests.fuzz_inputs import chunk_message, control_message, trajectory_frames
 

@@ -20,8 +20,8 @@ import pytest
 
 from core.curve import RunKeys
 from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 
 ROOT = Path(__file__).resolve().parents[1]
 GENS = ["generator-0", "generator-1"]

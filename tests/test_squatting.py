@@ -9,8 +9,8 @@ import zmq
 from core.curve import RunKeys
 from core.transport import TrajectoryReceiver, TrajectorySender
 from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 from launch.bench.samples import make_trajectory
 
 

@@ -9,8 +9,8 @@ import pytest
 import zmq
 
 from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 
 
 def tensor(name: str, arr: np.ndarray) -> TensorBytes:

@@ -19,10 +19,10 @@ import pytest
 import zmq
 
 from core.curve import RunKeys
-from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.control import chunk_digest, key_message
+from core.weights.publisher import WeightPublisher
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 
 LOOPBACK = "127.0.0.1"
 RELAY = "a relay predecessor"

@@ -17,9 +17,9 @@ import zmq
 from core.admission import apply_admission
 from core.curve import CurveClient, KeyPair, RunKeys, release_handler
 from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.seal import ChunkSealer
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 
 LOOPBACK = "127.0.0.1"
 

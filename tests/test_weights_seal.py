@@ -11,11 +11,11 @@ import numpy as np
 import zmq
 
 from core.curve import RunKeys
-from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.control import key_message
+from core.weights.publisher import WeightPublisher
 from core.weights.seal import CHUNK_HEADER, BufferPool, ChunkOpener, ChunkSealer, PublisherSeal
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 
 N = 20_000
 SEED = 20261204

@@ -16,9 +16,9 @@ import pytest
 
 from core.trajectory import WireError
 from core.weights.publisher import WeightPublisher
-from core.weights.tensors import TensorBytes
 from core.weights.shm import WeightStaging, parse_shelved, read_probe, unpack_shelved
 from core.weights.subscriber import WeightSubscriber
+from core.weights.tensors import TensorBytes
 
 SHAPES = {"a": (64, 32), "b": (1000,), "c": (3, 5, 7)}
 

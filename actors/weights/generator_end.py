@@ -14,8 +14,8 @@ from actors.weights.group_generator import WeightUpdateError
 from actors.update_gate import ENGINE_PAUSE_MODE
 from core.curve import CurveClient
 from core.models import tensor_set_mismatch
-from core.weights.tensors import TensorBytes, WeightSet
 from core.weights.subscriber import WeightSubscriber, chunk_frame_cap
+from core.weights.tensors import TensorBytes, WeightSet
 
 log = logging.getLogger("agentgym.generator")
 

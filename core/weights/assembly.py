@@ -23,8 +23,8 @@ import msgpack
 import numpy as np
 
 from core.trajectory import WireError
-from core.weights.tensors import TensorBytes, WeightSet, itemsize
 from core.weights.seal import OpenChunk
+from core.weights.tensors import TensorBytes, WeightSet, itemsize
 
 MAX_VERSION = (1 << 62) - 1
 MAX_CHUNKS = 1 << 24

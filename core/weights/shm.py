@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 from core.trajectory import WireError
-from core.weights.tensors import TensorBytes, WeightSet, byte_view, itemsize
 from core.weights.control import unpack_map
+from core.weights.tensors import TensorBytes, WeightSet, byte_view, itemsize
 
 ALIGN = 64
 TOKEN_BYTES = 32
