@@ -1,6 +1,6 @@
 """The env pool: runs whole episodes in a fixed number of concurrent slots and ships their trajectories.
 
-A plain class; launch/pools.py makes it a Ray actor. It is passive: the coordinator (through the supervisor)
+A plain class; launch/job/pools.py makes it a Ray actor. It is passive: the coordinator (through the supervisor)
 decides what runs and when by calling `run(spec)`.
 
 What must hold:

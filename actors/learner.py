@@ -1,6 +1,6 @@
 """One learner rank: a DeepSpeed ZeRO engine that trains the policy with decoupled PPO.
 
-A plain class; launch/learners.py makes one Ray actor per data-parallel rank. Lifecycle: `listen` (rank 0,
+A plain class; launch/job/learners.py makes one Ray actor per data-parallel rank. Lifecycle: `listen` (rank 0,
 for the rendezvous) -> `setup` on every rank at once -> `train_step` / `publish_weights` / `save_checkpoint` /
 `load_checkpoint`, called on every rank with the same arguments except the batch shard.
 
@@ -15,7 +15,7 @@ What must hold:
   global totals, and scaled by the world size because DeepSpeed averages gradients over ranks.
 - `version` counts completed train steps (plus the version loaded from a checkpoint); weights published as
   version v are the weights after v train steps. Rank 0 alone publishes; every rank takes part in gathering.
-- `wait_acks` may be called from another thread while a step trains (launch/learners.py gives it its own
+- `wait_acks` may be called from another thread while a step trains (launch/job/learners.py gives it its own
   Ray concurrency group), so that generators take version v while the learner trains v + 1; the publisher's
   sockets are used under one lock, by one thread at a time.
 - A checkpoint (DeepSpeed's format: model, optimizer, LR scheduler, plus the version) is written by every rank

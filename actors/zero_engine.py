@@ -4,7 +4,7 @@ What must hold:
 - The process group uses gloo on CPU and NCCL on GPU, rendezvous by TCP at an address the launcher chose.
   Neither the store nor gloo or NCCL is authenticated: whoever reaches the address can read, overwrite and
   delete the store's keys, so the launcher keeps every rank on one node, meeting on 127.0.0.1, unless
-  transport.allow_insecure lets them spread (launch.learners, launch.roles.learners_span_nodes).
+  transport.allow_insecure lets them spread (launch.job.learners, launch.job.roles.learners_span_nodes).
 - Gradient accumulation is the caller's: the engine runs with `managed_gradient_accumulation` off, so each
   `engine.step()` applies the gradients of every backward since the previous one, however many there were.
   Gradients are not scaled by an accumulation count; DeepSpeed averages them over the data-parallel ranks.

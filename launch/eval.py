@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for family, reason in skipped.items():
         print(f"launch.eval: skipping {family}: {reason}", file=sys.stderr)
 
-    from launch.ray_cluster import connect, shutdown
+    from launch.job.ray_cluster import connect, shutdown
 
     connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose,
             allow_insecure=cfg.transport.allow_insecure)
@@ -153,7 +153,7 @@ def _with_generators(cfg: Any, model: str, out: Path, work) -> Any:
     """Start generators serving `model`, call `work(roles)`, stop them."""
     from actors.policy_client import PolicyClient
     from core.models import resolve_model
-    from launch.generators import ray_name, replica_names, start_generators, stop_generators
+    from launch.job.generators import ray_name, replica_names, start_generators, stop_generators
 
     generators, tag = [], f"eval-{uuid.uuid4().hex[:8]}"  # named replicas travel to the env pools by name
     try:

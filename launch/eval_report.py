@@ -11,7 +11,7 @@ docs/training.md):
   on success; SciWorld: max(final score, 0) / 100; the others: 0 or 1). No format reward is ever added here.
 - raw_score: the env's native figure where it has one (SciWorld's final score, -100 to 100), else the score.
 - turns: agent turns taken. Terminations: why episodes ended (done, horizon, context_limit, env failures).
-Per level, one success and one failure are shown as short transcripts (launch/episodes.py); every episode is
+Per level, one success and one failure are shown as short transcripts (launch/job/episodes.py); every episode is
 in episodes.jsonl beside the report.
 With k samples per item, every sample counts as one episode; pass@k is the fraction of items with a success.
 """

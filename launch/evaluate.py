@@ -21,7 +21,7 @@ from core.transport import TrajectoryReceiver
 from environments.item_sampler import family_items
 from environments.registry import get_family
 from environments.unseen import unseen_items
-from launch.episodes import records_of, report_examples, write_eval_episodes
+from launch.job.episodes import records_of, report_examples, write_eval_episodes
 from launch.eval_report import summarize, summary, write_report
 
 log = logging.getLogger("agentgym.eval")
@@ -98,9 +98,9 @@ async def run_specs(pools: Any, receiver: TrajectoryReceiver, specs: list[Episod
 def evaluate_rows(cfg: RootConfig, policy: Any, tokenizer_dir: str, out_dir: Path, families: list[str],
                   limits: EpisodeLimits, name: str = "eval-pool", row: str = "model") -> list[dict]:
     """Each family's figures for `policy` on the eval items, run on fresh env pools. Its episodes go to
-    `<out_dir>/episodes.jsonl` as the report's row `row` (launch/episodes.py), and each family's figures carry
+    `<out_dir>/episodes.jsonl` as the report's row `row` (launch/job/episodes.py), and each family's figures carry
     one success and one failure per level (`examples`) for the report."""
-    from launch.pools import PoolSupervisor
+    from launch.job.pools import PoolSupervisor
 
     receiver = TrajectoryReceiver(cfg.transport.host, 0, cfg.transport.hwm, same_node=cfg.transport.same_node)
     env_cfg = dataclasses.replace(cfg.env, mix={e: 1.0 for e in families})

@@ -104,7 +104,7 @@ command -v "$PY" >/dev/null || PY=python3
 # Triton (torch.compile and CUDA graphs in vLLM, the recipes' generator.enforce_eager=false) builds a small C
 # launcher when a run starts: it needs a C compiler ($CC, else gcc, else clang, as triton/runtime/build.py looks)
 # and this Python's headers (Python.h). Checked here and named with what to install, not installed: without
-# them launch.train refuses enforce_eager=false at start (launch/stack_check.py), and enforce_eager=true runs.
+# them launch.train refuses enforce_eager=false at start (launch/job/stack_check.py), and enforce_eager=true runs.
 check_build_tools() {
   local cc=${CC:-} inc missing=()
   if [ -n "$cc" ]; then

@@ -2,7 +2,7 @@
 
 Reads the run's metrics.jsonl, which carries every step each role's resident memory (`perf/rss_mb/<role>`) and
 tokens/s (`perf/train_tokens_per_s`, `perf/gen_tokens_per_s`, `perf/generator<i>/tokens_per_s`,
-`perf/driver/tokens_per_s`; launch/role_stats.py). For each series, after the first `--warmup` steps:
+`perf/driver/tokens_per_s`; launch/job/role_stats.py). For each series, after the first `--warmup` steps:
 
 - the reference is the median of the first `--window` steps after warm-up;
 - the series is smoothed by a running median over `--window` steps (one step's tokens/s swings with the batch's

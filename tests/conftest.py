@@ -7,7 +7,7 @@ import os
 import pytest
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-# RAY_AUTH_MODE is left to launch.ray_cluster, as in a run: a local Ray checks a token held in the environment.
+# RAY_AUTH_MODE is left to launch.job.ray_cluster, as in a run: a local Ray checks a token held in the environment.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")

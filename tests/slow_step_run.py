@@ -33,7 +33,7 @@ class PausingLearners:
 
 def main(argv: list[str]) -> int:
     pause_s, overrides = float(argv[0]), argv[1:]
-    from launch import session as session_module
+    from launch.job import session as session_module
     from launch.train import main as train
 
     original = session_module.TrainingSession.start

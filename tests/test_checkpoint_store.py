@@ -137,7 +137,7 @@ def test_a_half_pruned_folder_is_never_taken_for_a_checkpoint(tmp_path, monkeypa
 
 
 def test_torn_jsonl_lines_are_dropped_on_resume(tmp_path, caplog):
-    from launch.session import _truncate_jsonl
+    from launch.job.session import _truncate_jsonl
 
     path = tmp_path / "trained.jsonl"
     path.write_text('{"step": 1, "groups": ["a"]}\n{"step": 2, "groups": ["b"]}\n{"step": 3, "gro')

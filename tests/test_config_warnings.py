@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from configs.load import config_warnings, load_config
-from launch.cli import parse
+from launch.job.cli import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -197,7 +197,7 @@ def test_a_blocked_send_does_not_block_the_event_loop(tiny_model_dir, tiny_token
 # -- Ray ----------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_local():
-    from launch import ray_cluster
+    from launch.job import ray_cluster
 
     ray_cluster.connect(num_cpus=2)
     yield
@@ -207,7 +207,7 @@ def ray_local():
 def test_killed_actor_is_survived_and_its_episodes_reported_lost(ray_local, tiny_model_dir, tiny_tokenizer):
     import ray
 
-    from launch.pools import PoolSupervisor
+    from launch.job.pools import PoolSupervisor
 
     receiver = TrajectoryReceiver()
     cfg = EnvConfig(num_actors=2, slots_per_actor=3, max_actor_restarts=2)

@@ -126,7 +126,7 @@ def test_a_run_reuses_its_untrained_rows_only_when_measured_on_the_same_items(tm
     """The session method alone, on a stand-in for the session: no roles are needed on these paths."""
     from types import SimpleNamespace
 
-    from launch.session import TrainingSession
+    from launch.job.session import TrainingSession
 
     def rows_of(overrides, resume_from):
         run = SimpleNamespace(cfg=load_config(None, ["eval.limit=3", *overrides]), out=tmp_path,

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from launch.ray_cluster import connect, shutdown
+    from launch.job.ray_cluster import connect, shutdown
 
     connect(num_cpus=4, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}})
     yield
@@ -124,7 +124,7 @@ def test_babyai_env_pools_and_generator_actor_end_to_end(ray_local, tiny_model_d
     from core.rollout import EpisodeLimits, EpisodeSpec
     from core.transport import TrajectoryReceiver
     from core.weights.publisher import WeightPublisher
-    from launch.generators import start_generators, stop_generators
+    from launch.job.generators import start_generators, stop_generators
 
     receiver = TrajectoryReceiver()
     publisher = WeightPublisher(chunk_bytes=256 << 10)

@@ -25,7 +25,7 @@ CPUS_PER_RANK, SETUP_TIMEOUT_S = 0.5, 120
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from launch.ray_cluster import connect, shutdown
+    from launch.job.ray_cluster import connect, shutdown
 
     started = connect()
     yield
@@ -50,7 +50,7 @@ def test_learns_the_cue_task(ray_local, tiny_model_dir, tiny_tokenizer, stage, s
     was sampled, so the behaviour policy is stale and the importance weights are really at work. With
     learner.cpu_autocast the learner's matrix products run in bfloat16 under float32 weights: it learns as
     well, and its logprobs differ from the float32 sampler's by bfloat16 rounding only."""
-    from launch.learners import LearnerGroup
+    from launch.job.learners import LearnerGroup
 
     cfg = LearnerConfig(num_ranks=2, zero_stage=stage, lr=1e-2, micro_batch_tokens=256, mini_batches=2,
                         seed=0, num_cpus_per_rank=CPUS_PER_RANK, cpu_autocast=autocast)
@@ -108,7 +108,7 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
     reference and the entropy bonus all on; one sequence per micro-batch, so the two ranks run different
     numbers of real micro-batches and the short one pads): gathered weights and gradient norms agree. Then a
     ZeRO-3 checkpoint, restored, replays the next step exactly."""
-    from launch.learners import LearnerGroup
+    from launch.job.learners import LearnerGroup
 
     algo = AlgorithmConfig(adv_estimator="gae", gamma=0.9, lam=0.95, kl_coef=0.05, entropy_coef=0.01)
     # cpu_autocast none: float32 products on every CPU, so the two stages' different summation orders differ by
@@ -169,7 +169,7 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
 def test_one_step_batches_skip_the_proximal_pass_with_the_same_result(ray_local, tiny_model_dir, tiny_tokenizer):
     """ppo_epochs = mini_batches = 1: the fused step (the training forward's own logprobs as the proximal ones)
     moves the weights exactly as the two-pass step does, on stale batches, with the same metrics."""
-    from launch.learners import LearnerGroup
+    from launch.job.learners import LearnerGroup
 
     task = CueTask(tiny_tokenizer, turns=TURNS)
     initial = _policy(tiny_model_dir)

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from launch.ray_cluster import joins_cluster, ray_env_defaults
+from launch.job.ray_cluster import joins_cluster, ray_env_defaults
 from tests.training_runs import ROOT
 
 RENDEZVOUS = textwrap.dedent("""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from configs.load import load_config
 from launch.evaluate import eval_specs, eval_turns
-from launch.progress import Progress, eval_seconds
+from launch.job.progress import Progress, eval_seconds
 
 STEP = {"rollout/turns_mean": 4.0, "rollout/gen_tokens_mean": 40.0, "perf/gen_tokens_per_s": 50.0}
 
@@ -28,7 +28,7 @@ def test_the_bar_shows_the_evaluation_after_training(capsys):
 
 def test_the_estimate_uses_the_recent_steps_rate_not_the_runs_mean(capsys):
     """Ten steps of 1 s then five of 10 s: the steps left are priced at 10 s each, as the recent steps ran."""
-    from launch.progress import RECENT, eta_seconds
+    from launch.job.progress import RECENT, eta_seconds
 
     bar = Progress(100, enabled=False)
     bar.recent.clear()

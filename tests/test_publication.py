@@ -157,7 +157,7 @@ def test_a_failing_health_check_ends_the_wait_for_acks_with_its_cause():
 @pytest.fixture
 def ray_local():
     """A local Ray for this test, shut down after it if the test started it (later modules start their own)."""
-    from launch.ray_cluster import connect, shutdown
+    from launch.job.ray_cluster import connect, shutdown
 
     started = connect(num_cpus=2)
     yield
@@ -173,7 +173,7 @@ def test_the_learner_group_answers_acks_while_a_step_trains(ray_local, tiny_mode
     from configs.learner import AlgorithmConfig, LearnerConfig
     from core.weights.subscriber import WeightSubscriber
     from launch.bench.samples import make_trajectory
-    from launch.learners import LearnerGroup
+    from launch.job.learners import LearnerGroup
 
     group = LearnerGroup(tiny_model_dir, "float32", LearnerConfig(num_ranks=1, zero_stage=1, num_cpus_per_rank=0.5),
                          AlgorithmConfig(adv_estimator="grpo"), setup_timeout_s=120)

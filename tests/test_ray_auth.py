@@ -2,7 +2,7 @@
 
 A real one-node Ray per case, each inside a network namespace made by this test: on an address of the test's
 own (10.213.8.1, off loopback) with and without Ray's token authentication, and on the namespace's loopback
-without it. A driver inside the namespace joins it through `launch.ray_cluster.connect`, as a job's driver
+without it. A driver inside the namespace joins it through `launch.job.ray_cluster.connect`, as a job's driver
 does: without token authentication it is refused off loopback unless allow_insecure (and warned about
 otherwise), naming RAY_AUTH_MODE=token; with it, it runs without a word. A local Ray the run starts checks a
 token, refuses a driver without it, and writes no ~/.ray/auth_token. Teardown kills exactly the processes in
@@ -30,7 +30,7 @@ TOKEN = uuid.uuid4().hex * 2
 DRIVER = textwrap.dedent("""
     import logging, sys
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from launch.ray_cluster import cluster_auth_mode, connect
+    from launch.job.ray_cluster import cluster_auth_mode, connect
     joined = connect(sys.argv[1], allow_insecure=sys.argv[2] == "1", quiet=True)
     print("JOINED", joined, "MODE", cluster_auth_mode())
 """)
@@ -111,7 +111,7 @@ def test_joining_a_ray_without_token_auth_is_refused_off_loopback_and_warned_abo
 
 LOCAL = textwrap.dedent("""
     import os, subprocess, sys
-    from launch.ray_cluster import cluster_auth_mode, connect, shutdown
+    from launch.job.ray_cluster import cluster_auth_mode, connect, shutdown
     connect(num_cpus=1, quiet=True)
     import ray
     gcs = ray.get_runtime_context().gcs_address

@@ -1,11 +1,11 @@
-"""The driver's filter on the raylet's repeated warnings (`launch.ray_log_filter`). The end-to-end case, a real
+"""The driver's filter on the raylet's repeated warnings (`launch.job.ray_log_filter`). The end-to-end case, a real
 raylet warning every 10 s through a training run, is in tests/test_quiet_terminal.py; these pin the rules with
 a clock the test moves."""
 from __future__ import annotations
 
 import pytest
 
-from launch.ray_log_filter import RepeatFilter
+from launch.job.ray_log_filter import RepeatFilter
 
 
 def disk_line(second: int, free_gb: float) -> str:

@@ -13,8 +13,8 @@ import pytest
 from configs.load import config_warnings, gpu_settings
 from core.horizon import HorizonSchedule
 from core.models import ModelPathError, resolve_model
-from launch.cli import parse
-from launch.roles import resource_request
+from launch.job.cli import parse
+from launch.job.roles import resource_request
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs" / "recipes").glob("*.yaml"))

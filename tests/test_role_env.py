@@ -16,8 +16,8 @@ import pytest
 from configs.env import EnvConfig
 from configs.generation import GeneratorConfig
 from configs.learner import LearnerConfig
-from launch.generators import actor_options, replica_launches
-from launch.placement import (
+from launch.job.generators import actor_options, replica_launches
+from launch.job.placement import (
     isolate_gpus,
     learner_bundle,
     learner_rank_options,
@@ -85,7 +85,7 @@ class Probe:
 
 @pytest.fixture(scope="module")
 def gpu_node():
-    from launch.ray_cluster import connect, shutdown
+    from launch.job.ray_cluster import connect, shutdown
 
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = NODE_GPUS  # what the raylet, and every worker it starts, inherits
@@ -140,7 +140,7 @@ def test_each_role_sees_the_gpus_it_was_given_and_no_other(gpu_node):
         assert {s["job"] for s in seen.values()} == {"job"}
         assert seen["generator/cpu"]["pythonpath"] == str(ROOT)
 
-        from launch.learners import _check_visibility  # what LearnerGroup runs before any rank picks a device
+        from launch.job.learners import _check_visibility  # what LearnerGroup runs before any rank picks a device
 
         _check_visibility([actors["learner/cpu"]], 0)
         _check_visibility([actors["learner/gpu"]], 1)
@@ -158,7 +158,7 @@ def test_a_generator_replica_that_sees_unassigned_gpus_refuses_to_start(gpu_node
     import ray
     from ray.exceptions import RayActorError
 
-    from launch.generators import Replica
+    from launch.job.generators import Replica
 
     unisolated = ray.remote(Replica).options(num_cpus=0.1, max_restarts=0)
     replica = unisolated.remote("/nonexistent", GeneratorConfig())

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from launch.role_stats import RoleMemory, driver_tokens_per_s, rss_mb, tree_rss_mb
+from launch.job.role_stats import RoleMemory, driver_tokens_per_s, rss_mb, tree_rss_mb
 
 
 def test_a_roles_memory_includes_the_processes_it_started():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from configs.load import load_config
-from launch.generators import actor_options
-from launch.placement import learner_bundle, pool_actor_options
-from launch.roles import check_resources, resource_request
+from launch.job.generators import actor_options
+from launch.job.placement import learner_bundle, pool_actor_options
+from launch.job.roles import check_resources, resource_request
 
 
 def test_the_default_recipe_fits_two_cpus():

@@ -12,7 +12,7 @@ from launch.bench import scale
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from launch import ray_cluster
+    from launch.job import ray_cluster
 
     ray_cluster.connect(num_cpus=8)
     yield

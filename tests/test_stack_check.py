@@ -1,4 +1,4 @@
-"""The start-up check of what a config needs from the installed stack (launch/stack_check.py), against the
+"""The start-up check of what a config needs from the installed stack (launch/job/stack_check.py), against the
 recipes and against `install.sh --gpu`.
 
 Checked: no recipe needs a package that `install.sh --gpu` does not install (pyproject's base, `gpu`, `test` and
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import parse
-from launch.stack_check import WITH_TORCH_CUDA, required_packages, stack_problems
+from launch.job.cli import parse
+from launch.job.stack_check import WITH_TORCH_CUDA, required_packages, stack_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs" / "recipes").glob("*.yaml"))

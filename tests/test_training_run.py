@@ -78,8 +78,8 @@ class SlowLearner:
 @pytest.mark.parametrize("eta", [1])
 def test_staleness_bound_holds_under_a_slow_learner(tiny_model_dir, tmp_path, eta):
     from configs.load import load_config
-    from launch.ray_cluster import connect
-    from launch.session import TrainingSession
+    from launch.job.ray_cluster import connect
+    from launch.job.session import TrainingSession
     from tests.training_runs import TINY_RECIPE
 
     cfg = load_config(TINY_RECIPE, [f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path}",
@@ -104,7 +104,7 @@ def test_staleness_bound_holds_under_a_slow_learner(tiny_model_dir, tmp_path, et
     assert lags.get(eta, 0) > 0, lags  # the bound was reached, so the test could have failed
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert all(m["staleness/max"] <= eta for m in metrics if "staleness/max" in m)
-    # every step: each role's resident memory and tokens/s (launch/role_stats.py), what a long run is watched by
+    # every step: each role's resident memory and tokens/s (launch/job/role_stats.py), what a long run is watched by
     for m in metrics:
         for key in ("perf/rss_mb/driver", "perf/rss_mb/learner0", "perf/rss_mb/generator0", "perf/rss_mb/env_pool0",
                     "perf/driver/tokens_per_s", "perf/train_tokens_per_s"):

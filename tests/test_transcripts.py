@@ -19,7 +19,7 @@ from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
 from core.trajectory import WireError
 from core.transcript import as_text, episode_record
 from environments.babyai.env import BabyAIEnv
-from launch.episodes import TrainingEpisodes, pick_sample, write_eval_episodes
+from launch.job.episodes import TrainingEpisodes, pick_sample, write_eval_episodes
 from tests.training_runs import ROOT, TINY_RECIPE
 
 
@@ -121,7 +121,7 @@ def test_the_training_sample_is_bounded_and_mixes_successes_and_failures(tiny_mo
 
 
 def test_wandb_takes_the_sample_as_a_table(tmp_path, tiny_model_dir, tiny_tokenizer):
-    from launch.wandb_sink import WandbSink
+    from launch.job.wandb_sink import WandbSink
 
     traj, _ = _episode(tiny_model_dir, tiny_tokenizer, "babyai_2", horizon=2)
     record = {**episode_record(traj, ChatFormat(tiny_tokenizer), policy="model"), "step": 3}

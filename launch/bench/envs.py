@@ -239,8 +239,8 @@ def _pools(args, supervisors: dict):
     from core.rollout import EpisodeLimits, EpisodeSpec
     from core.tiny_model import build_tiny_model
     from core.transport import TrajectoryReceiver
-    from launch import ray_cluster
-    from launch.pools import PoolSupervisor
+    from launch.job import ray_cluster
+    from launch.job.pools import PoolSupervisor
 
     ray_cluster.connect(num_cpus=2)
     receiver = TrajectoryReceiver(hwm=1024)

@@ -56,7 +56,7 @@ def synthetic_batch(n: int, seq_len: int, turns: int, vocab: int, group_size: in
 
 def _measure(model: Path, args, cfg, algorithm, batch, name: str) -> tuple[float, float, float, float]:
     """(setup seconds, seconds per timed train step, peak MB of the largest rank, last grad norm)."""
-    from launch.learners import LearnerGroup  # after connect(): see main
+    from launch.job.learners import LearnerGroup  # after connect(): see main
 
     start = time.perf_counter()
     group = LearnerGroup(str(model), args.dtype, cfg, algorithm, weights_host=None, name=name)
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
 
     from tqdm import tqdm
 
-    from launch.ray_cluster import connect, shutdown
+    from launch.job.ray_cluster import connect, shutdown
 
     model = resolve_model(args.model)
     connect(num_cpus=args.cpus)  # before anything imports ray, so that the local Ray stays on loopback

@@ -1,11 +1,11 @@
 """The control plane at scale: `python -m launch.bench scale [--in-flight 100,1000,10000] [--actors 1,2,4]`.
 
-The real coordinator (actors/coordinator.py), env pools (launch/pools.py over actors/env_pool.py, Ray actors on
+The real coordinator (actors/coordinator.py), env pools (launch/job/pools.py over actors/env_pool.py, Ray actors on
 local Ray) and trajectory channel (core/transport.py, ZMQ on loopback) run TextCraft episodes; the model roles are
 stand-ins that answer at once (launch/bench/_scale_roles.py): a generator actor that replies with one valid
 TextCraft action (`inventory`) and a learner group that takes each batch as the real one does (advantages by
 `prepare_samples`, sharded, shipped through Ray to a rank actor that reads every sample) without a model. Each
-step is logged as a training run logs it (launch/session.py's step callback: metrics.jsonl with the pools'
+step is logged as a training run logs it (launch/job/session.py's step callback: metrics.jsonl with the pools'
 and generator's stats and each role's RSS, trained.jsonl, the episodes sample). So what is measured is the
 control plane: admission, dispatch, the pools' episode loop, the channel, the group buffer, the batch's way to
 the learner ranks and the step's logging.
@@ -101,11 +101,11 @@ def step_logger(out: Path, supervisor: Any, generator: Any, pids: list[int], tok
     from configs.load import load_config
     from core.horizon import HorizonSchedule
     from core.metrics import JsonlSink
-    from launch.episodes import EPISODES_FILE, TrainingEpisodes
-    from launch.progress import Progress
-    from launch.role_stats import RoleMemory
-    from launch.roles import Roles
-    from launch.session import TrainingSession
+    from launch.job.episodes import EPISODES_FILE, TrainingEpisodes
+    from launch.job.progress import Progress
+    from launch.job.role_stats import RoleMemory
+    from launch.job.roles import Roles
+    from launch.job.session import TrainingSession
 
     cfg = load_config(None, [])
     shim = SimpleNamespace(pools=supervisor, watch=SimpleNamespace(restarts=0), generators=[generator])
@@ -138,7 +138,7 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
     from core.transport import TrajectoryReceiver
     from environments.item_sampler import mix_sampler
     from launch.bench._scale_roles import EchoGenerator, ShippedLearners
-    from launch.pools import PoolSupervisor
+    from launch.job.pools import PoolSupervisor
 
     groups = max(1, in_flight // args.group_size)
     slots = -(-groups * args.group_size // actors)
@@ -319,7 +319,7 @@ def reply_tokens(tokenizer_dir: str) -> list[int]:
 
 def run_all(levels: list[int], actor_counts: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
     from core.tiny_model import build_tiny_model
-    from launch import ray_cluster
+    from launch.job import ray_cluster
 
     ray_cluster.connect(num_cpus=64, quiet=True)
     results = []

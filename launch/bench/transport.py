@@ -261,7 +261,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--trials", type=int, default=3, help="alternating timed runs of plain and CURVE paths")
     args = parser.parse_args(argv)
 
-    from launch.ray_cluster import connect, shutdown
+    from launch.job.ray_cluster import connect, shutdown
 
     connect(num_cpus=2)
     rows, figures = [], {}

@@ -11,7 +11,7 @@ wait inside the engine at once: that is what continuous batching needs.
 
 Env of each actor: the repository root on PYTHONPATH (vLLM's engine process imports
 `actors.weights.vllm_worker` for the weight loader), OMP_NUM_THREADS matching its CPUs (Ray sets 1 otherwise), and
-no visible GPU when it asks Ray for none (launch.placement), so a cpu replica on a CUDA install stays on CPU.
+no visible GPU when it asks Ray for none (launch.job.placement), so a cpu replica on a CUDA install stays on CPU.
 
 Seeds: replica i samples with `generator.seed + i` (`replica_launches`); with one seed, fresh replicas would
 draw the same samples for the same prompt, and a GRPO group spread over them would collapse to one answer.
@@ -27,13 +27,13 @@ from typing import Any
 from actors.generator import Generator
 from configs.generation import GeneratorConfig
 from core.curve import CurveClient
-from launch.placement import isolate_gpus, visibility_problem, with_role_log
+from launch.job.placement import isolate_gpus, visibility_problem, with_role_log
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def actor_options(cfg: GeneratorConfig) -> dict:
-    """Ray options of one replica (what `launch.roles.resource_request` counts)."""
+    """Ray options of one replica (what `launch.job.roles.resource_request` counts)."""
     gpus = cfg.num_gpus
     if cfg.device == "cuda":
         gpus = max(gpus, float(cfg.tensor_parallel_size))
@@ -43,7 +43,7 @@ def actor_options(cfg: GeneratorConfig) -> dict:
         "num_cpus": cfg.num_cpus,
         "num_gpus": gpus,
         "max_concurrency": 4096,
-        "max_restarts": cfg.max_restarts,  # the driver re-subscribes a restarted replica (launch.roles)
+        "max_restarts": cfg.max_restarts,  # the driver re-subscribes a restarted replica (launch.job.roles)
         "max_task_retries": 0,  # a request is not idempotent: the episode ends lost instead
         "scheduling_strategy": "SPREAD",
         "runtime_env": {"env_vars": env},

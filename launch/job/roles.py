@@ -17,7 +17,7 @@ from configs.run import is_loopback
 from configs.schema import RootConfig
 from core.curve import RunKeys
 from core.rollout import EpisodeLimits
-from launch.generator_watch import GeneratorWatch
+from launch.job.generator_watch import GeneratorWatch
 
 log = logging.getLogger("agentgym.roles")
 
@@ -34,9 +34,9 @@ def advertised(endpoint: str, node_address: str = "") -> str:
 
 def resource_asks(cfg: RootConfig) -> dict[str, list[tuple[str, float]]]:
     """Per Ray resource ("CPU", "GPU"): (the config keys behind it, amount) for each role, computed from the
-    very options the roles are started with (launch.placement, launch.generators.actor_options)."""
-    from launch.generators import actor_options
-    from launch.placement import learner_bundle, pool_actor_options
+    very options the roles are started with (launch.job.placement, launch.job.generators.actor_options)."""
+    from launch.job.generators import actor_options
+    from launch.job.placement import learner_bundle, pool_actor_options
 
     rank = learner_bundle(cfg.learner)
     replica = actor_options(cfg.generator)
@@ -86,7 +86,7 @@ def check_resources(cfg: RootConfig, have: dict[str, float] | None = None,
 
 def learners_span_nodes(cfg: RootConfig, nodes: list[dict[str, float]] | None = None) -> str:
     """Why the learner ranks may not be placed as the config asks ("" when they may): without
-    transport.allow_insecure they must all fit on one node (launch.learners places them with STRICT_PACK),
+    transport.allow_insecure they must all fit on one node (launch.job.learners places them with STRICT_PACK),
     because ranks on several nodes meet at rank 0's rendezvous store (torch's TCPStore) and run gloo or NCCL
     between the nodes, none of it authenticated: whoever reaches that node could read, overwrite and delete the
     store's keys and join the process group."""
@@ -97,7 +97,7 @@ def learners_span_nodes(cfg: RootConfig, nodes: list[dict[str, float]] | None = 
         import ray
 
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-    from launch.placement import learner_bundle
+    from launch.job.placement import learner_bundle
 
     need = {resource: n * amount for resource, amount in learner_bundle(cfg.learner).items()}
     if any(all(node.get(r, 0) + 1e-9 >= v for r, v in need.items()) for node in nodes):
@@ -127,8 +127,8 @@ def transport_keys(cfg: RootConfig) -> RunKeys | None:
             log.warning("transport.auth=off on %s: anyone who reaches the ports can push trajectories and read "
                         "the model (transport.allow_insecure=true)", cfg.transport.host)
         return None
-    from launch.generators import replica_names
-    from launch.pools import pool_names
+    from launch.job.generators import replica_names
+    from launch.job.pools import pool_names
 
     return RunKeys.generate(replica_names(cfg.generator.num_replicas) + pool_names(cfg.env.num_actors),
                             cipher=cfg.transport.cipher)
@@ -142,7 +142,7 @@ class Roles:
     generators: list
     policy: Any
     pools: Any
-    watch: Any = None  # launch.generator_watch.GeneratorWatch
+    watch: Any = None  # launch.job.generator_watch.GeneratorWatch
 
     @classmethod
     def start(cls, cfg: RootConfig, model_dir: Path, trajectory_endpoint: str, limits: EpisodeLimits,
@@ -153,10 +153,10 @@ class Roles:
         and load their engines and tokenizers while the learners start; on GPUs the replicas wait for the
         learners (vLLM sizes its KV cache from the memory free when it starts, which a learner starting beside it
         would change), and the env pools load while the replicas do."""
-        from launch.generators import (connect_generators, launch_generators, ray_name, replica_names,
+        from launch.job.generators import (connect_generators, launch_generators, ray_name, replica_names,
                                        workers_per_replica)
-        from launch.learners import LearnerGroup
-        from launch.pools import PoolSupervisor, pool_names
+        from launch.job.learners import LearnerGroup
+        from launch.job.pools import PoolSupervisor, pool_names
         from actors.policy_client import PolicyClient
 
         check_resources(cfg)
@@ -271,7 +271,7 @@ class Roles:
 
     @staticmethod
     def _stop_parts(learners, generators, pools) -> None:
-        from launch.generators import stop_generators
+        from launch.job.generators import stop_generators
 
         for what, stop in (("env pools", lambda: pools and pools.shutdown()),
                            ("generators", lambda: generators and stop_generators(generators)),

@@ -5,7 +5,7 @@ What must hold:
   placement group (docs/placement.md): all on one node (STRICT_PACK), or with transport.allow_insecure packed
   onto as few nodes as possible (PACK), since ranks on several nodes rendezvous unauthenticated. A rank
   without GPUs sees none; a rank with GPUs sees only Ray's and trains on the first (cuda:0); ranks that see
-  otherwise are refused before set-up (launch.placement).
+  otherwise are refused before set-up (launch.job.placement).
 - The ranks rendezvous at 127.0.0.1 when they share a node, else at rank 0's node address; rank 0 picks the
   port. Every call goes to every rank at once (the ranks run collectives), and a failure on any rank raises
   here at once instead of leaving the others waiting in a collective.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from launch.ray_cluster import apply_ray_env
+from launch.job.ray_cluster import apply_ray_env
 
 # Ray reads these when it is imported, not when it starts: set after `import ray`, a local Ray listens on
 # every interface and advertises the machine's external address (seen with Ray 2.60). As in connect().
@@ -37,7 +37,7 @@ from core.batching import shard  # noqa: E402
 from core.curve import CurveServer  # noqa: E402
 from core.trajectory import Trajectory  # noqa: E402
 from core.weights.publisher import TensorBytes  # noqa: E402
-from launch.placement import learner_bundle, learner_rank_options, visibility_problem, with_role_log  # noqa: E402
+from launch.job.placement import learner_bundle, learner_rank_options, visibility_problem, with_role_log  # noqa: E402
 
 log = logging.getLogger("agentgym.learners")
 LOOPBACK = "127.0.0.1"

@@ -22,7 +22,7 @@ import secrets
 import sys
 
 from configs.run import is_loopback
-from launch import ray_log_filter
+from launch.job import ray_log_filter
 
 log = logging.getLogger("agentgym.ray")
 
@@ -127,7 +127,7 @@ def connect(address: str = "", num_cpus: int = 0, namespace: str = "agentgym-rl"
     """Join or start Ray; returns "local" or the address joined. Safe to call twice. `num_gpus`: the GPUs a
     local Ray declares (None: the ones it detects). `quiet`: Ray's own INFO lines in this process are not
     printed (its warnings are); a raylet's warning that repeats on a timer is shown once, then every 10 min
-    with its count (`launch.ray_log_filter`). Joining a cluster without Ray's token authentication warns, and
+    with its count (`launch.job.ray_log_filter`). Joining a cluster without Ray's token authentication warns, and
     off loopback refuses unless `allow_insecure` (`check_cluster_auth`)."""
     address = address or os.environ.get("RAY_ADDRESS", "")
     imported = "ray" in sys.modules

@@ -11,7 +11,7 @@ What must hold:
   an actor, says when its environment disagrees with what Ray assigned (e.g. a cluster started with
   RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES, where every rank would pick the same device).
 - The learner's options come from `learner_bundle` and `learner_rank_options`, the env pools' from
-  `pool_actor_options`; `launch.roles.resource_request` counts the same numbers, so the start-up check and
+  `pool_actor_options`; `launch.job.roles.resource_request` counts the same numbers, so the start-up check and
   what Ray is asked for cannot drift apart.
 
 This module imports neither Ray nor torch at import time: the start-up check runs before either is needed.

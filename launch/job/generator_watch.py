@@ -1,5 +1,5 @@
 """The driver's watch over the generator replicas: a replica Ray restarted is subscribed to the weights channel
-again and the current weights are published to it before it serves (it waits for them: launch.generators).
+again and the current weights are published to it before it serves (it waits for them: launch.job.generators).
 
 What must hold: a restart is noticed within one health check (`check`, which the coordinator's watchdog calls
 every few seconds) and counted in `recovery/generator_restarts`; a replica that is down is logged once, not per

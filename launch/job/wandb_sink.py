@@ -45,8 +45,8 @@ class WandbSink:
         self.run.log(metrics, step=step)
 
     def log_episodes(self, step: int, records: list[dict]) -> None:
-        """A sample of transcripts (launch/episodes.py) as the table `episodes` at `step`."""
-        from launch.episodes import table_rows
+        """A sample of transcripts (launch/job/episodes.py) as the table `episodes` at `step`."""
+        from launch.job.episodes import table_rows
 
         columns, rows = table_rows(records)
         self.run.log({"episodes": self._wandb.Table(columns=columns, data=rows)}, step=step)

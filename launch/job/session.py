@@ -20,13 +20,13 @@ from core.rollout import EpisodeLimits
 from core.staleness import StalenessGate
 from core.transport import TrajectoryReceiver
 from environments.item_sampler import mix_sampler
-from launch.episodes import EPISODES_FILE, TrainingEpisodes
+from launch.job.episodes import EPISODES_FILE, TrainingEpisodes
 from launch.evaluate import eval_turns
-from launch.progress import Progress
-from launch.role_stats import RoleMemory, driver_tokens_per_s, ray_locate
-from launch.pools import pool_names
-from launch.roles import Roles, advertised, transport_keys
-from launch.wandb_sink import run_sink
+from launch.job.progress import Progress
+from launch.job.role_stats import RoleMemory, driver_tokens_per_s, ray_locate
+from launch.job.pools import pool_names
+from launch.job.roles import Roles, advertised, transport_keys
+from launch.job.wandb_sink import run_sink
 
 log = logging.getLogger("agentgym.session")
 
@@ -63,7 +63,7 @@ def check_transport_reach(host: str) -> None:
 
 class TrainingSession:
     def __init__(self, cfg: RootConfig, out: Path, failures: list[str] | None = None):
-        """`failures`: the causes of the earlier attempts of this run inside this job (launch.run rebuilds the
+        """`failures`: the causes of the earlier attempts of this run inside this job (launch.job.run rebuilds the
         roles after a failure and continues from the last complete checkpoint)."""
         self.failures = list(failures or [])
         self.cfg, self.out = cfg, out
@@ -195,7 +195,7 @@ class TrainingSession:
         """Final checkpoint (unless this step has one already), the plot, and the evaluation."""
         if self.store.latest_complete() != self.store.path_of(self.state.step):
             self._save(self.coordinator.snapshot())
-        from launch.plot import plot_run
+        from launch.job.plot import plot_run
 
         plot_run(self.out / "metrics.jsonl", self.out / "training.png", title=self.out.name)
         if evaluate:

@@ -47,7 +47,7 @@ from core.env import Env
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec
 from environments.item_sampler import family_of
-from launch.placement import pool_actor_options, with_role_log
+from launch.job.placement import pool_actor_options, with_role_log
 
 log = logging.getLogger("agentgym.pools")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from actors.episode_watch import EpisodesFailing
 from configs.schema import RootConfig
-from launch.local_shop import ServedShop
-from launch.ray_cluster import connect, joins_address, shutdown
-from launch.stop import SignalStop
+from launch.job.local_shop import ServedShop
+from launch.job.ray_cluster import connect, joins_address, shutdown
+from launch.job.stop import SignalStop
 
 log = logging.getLogger("agentgym.run")
 
@@ -43,7 +43,7 @@ def run_training(cfg: RootConfig) -> int:
 def _attempts(cfg: RootConfig, out: Path) -> int:
     connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.namespace, quiet=not cfg.logging.verbose,
             allow_insecure=cfg.transport.allow_insecure)
-    from launch.session import TrainingSession  # after Ray is up: it imports the roles
+    from launch.job.session import TrainingSession  # after Ray is up: it imports the roles
 
     current: list = []  # the session of the attempt in progress, for the signal handler
     stopper = SignalStop(lambda why: current and current[-1].request_stop(), cfg.checkpoint.stop_grace_s).install()

@@ -8,7 +8,7 @@ and at the evaluation's turn limit, so it is a rough bound, refreshed every step
 The time left for training is the steps left at the rate of the last `RECENT` steps (not the run's mean, nor
 tqdm's own estimate, which it replaces): a run whose steps slow down (a growing cache, a role that swaps) shows
 it in its estimate within a few steps. The bar also shows the largest role's resident memory
-(`perf/rss_mb/*`, launch/role_stats.py).
+(`perf/rss_mb/*`, launch/job/role_stats.py).
 """
 from __future__ import annotations
 
