@@ -1,4 +1,5 @@
-"""Command-line handling shared by the entry points: --config, --print-config, --explain and overrides.
+"""Command-line handling shared by the entry points: --config, --print-config, --print-placement, --explain and
+overrides.
 
 Config problems exit with code 2 and one line naming the key, before torch, Ray or vLLM is imported. Settings
 that load but are almost surely not meant (configs.load.config_warnings) are logged as warnings, naming the key.
@@ -22,6 +23,8 @@ def parse(argv: Sequence[str] | None, prog: str, description: str) -> tuple[Root
     parser.add_argument("--config", default=None, help="YAML recipe (default: configs/default.yaml)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--explain", action="store_true", help="list every config key with its meaning and exit")
+    parser.add_argument("--print-placement", action="store_true",
+                        help="print where every role will run (CPUs, GPUs, env, node) and exit")
     parser.add_argument("--verbose", action="store_true",
                         help="show every role's own output (vLLM, Ray, DeepSpeed) here instead of <output_dir>/logs/")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.num_actors=4")
@@ -41,5 +44,11 @@ def parse(argv: Sequence[str] | None, prog: str, description: str) -> tuple[Root
         log.warning("%s: config warning: %s: %s", prog, key, why)
     if args.print_config:
         print(to_yaml(cfg), end="")
+        raise SystemExit(0)
+    if args.print_placement:
+        from launch.job.plan import placement_plan
+        from launch.job.roles import role_log_dir
+
+        print(placement_plan(cfg, role_log_dir(cfg)).render())
         raise SystemExit(0)
     return cfg, args

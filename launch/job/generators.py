@@ -125,14 +125,19 @@ def start_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str,
 
 def launch_generators(model_dir: str | Path, cfg: GeneratorConfig, *, dtype: str, max_model_len: int,
                       initial_version: int = 0, name_prefix: str = "generator", log_dir: str | None = None,
-                      actor_tag: str = "") -> list[Any]:
-    """Create the replicas' actors without waiting for them (their engines load meanwhile)."""
+                      actor_tag: str = "", options: dict[str, dict] | None = None) -> list[Any]:
+    """Create the replicas' actors without waiting for them (their engines load meanwhile). `options`: each
+    replica's Ray options by name, as the run's placement plan has them (launch.job.plan); None: computed here."""
     import ray
 
     remote_cls = ray.remote(Replica)
-    return [remote_cls.options(name=ray_name(r.name, actor_tag), **with_role_log(r.options, log_dir, r.name)).remote(
-        str(model_dir), r.cfg, dtype=dtype, max_model_len=max_model_len, name=r.name,
-        initial_version=initial_version, replica_index=r.index) for r in replica_launches(cfg, name_prefix)]
+    launches = replica_launches(cfg, name_prefix)
+    if options is not None and set(options) != {r.name for r in launches}:
+        raise ValueError(f"the placement plan names replicas {sorted(options)}, the config {len(launches)}")
+    return [remote_cls.options(name=ray_name(r.name, actor_tag),
+                               **(options[r.name] if options is not None else with_role_log(r.options, log_dir, r.name)))
+            .remote(str(model_dir), r.cfg, dtype=dtype, max_model_len=max_model_len, name=r.name,
+                    initial_version=initial_version, replica_index=r.index) for r in launches]
 
 
 def connect_generators(handles: list[Any], cfg: GeneratorConfig, *, weights_endpoint: str = "",

@@ -19,7 +19,7 @@ What must hold:
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Any, Sequence
 
 from launch.job.ray_cluster import apply_ray_env
 
@@ -82,7 +82,7 @@ class LearnerGroup:
                  weights_subscribers: list[str] | None = None, weights_stall_timeout_s: float = 60.0,
                  log_dir: str | None = None, weights_fanout: str = "star", weights_sync: str = "zmq",
                  weights_workers_per_replica: int = 1, weights_timeout_s: float = 300.0, weights_shm: bool = True,
-                 weights_bucket_bytes: int = 512 << 20, spread_nodes: bool = False):
+                 weights_bucket_bytes: int = 512 << 20, spread_nodes: bool = False, plan: Any = None):
         """Start `learner.num_ranks` actors and set them up (loads the model; blocks until ready).
         `weights_host` None: no weights publisher (e.g. a benchmark). `weights_curve`: the publisher's CURVE
         keys and the subscribers it admits; `weights_subscribers`: the names it accepts without CURVE;
@@ -90,19 +90,29 @@ class LearnerGroup:
         weights group with `weights_subscribers`' workers, `weights_workers_per_replica` each, in buckets of at
         most `weights_bucket_bytes`). `spread_nodes` (transport.allow_insecure): the ranks may spread over
         several nodes and rendezvous, unauthenticated, at rank 0's node address; otherwise they are kept on one
-        node (STRICT_PACK) and meet on 127.0.0.1."""
+        node (STRICT_PACK) and meet on 127.0.0.1. `plan`: the run's placement plan (launch.job.plan), whose
+        learner bundles, strategy and rank options are used as they are (`spread_nodes` is then its strategy);
+        None: computed here from `learner`."""
         self.learner_cfg, self.algorithm = learner, algorithm
         n = learner.num_ranks
-        self._pg = placement_group([learner_bundle(learner) for _ in range(n)],
-                                   strategy="PACK" if spread_nodes else "STRICT_PACK", name=f"{name}-pg")
+        if plan is not None:
+            ranks = plan.of("learner")
+            if len(ranks) != n or len(plan.learner_bundles) != n:
+                raise ValueError(f"the placement plan has {len(ranks)} learner ranks, the config {n}")
+            spread_nodes = plan.learner_strategy == "PACK"
+            rank_options = [dict(r.options) for r in ranks]
+        else:
+            rank_options = [with_role_log(learner_rank_options(learner, rank, name, None), log_dir, f"{name}-{rank}")
+                            for rank in range(n)]
+        bundles = plan.learner_bundles if plan is not None else [learner_bundle(learner) for _ in range(n)]
+        self._pg = placement_group(bundles, strategy="PACK" if spread_nodes else "STRICT_PACK", name=f"{name}-pg")
         self.actors: list = []
         try:
             ray.get(self._pg.ready(), timeout=setup_timeout_s)
             remote = ray.remote(concurrency_groups={"acks": 1})(_LearnerRank)
             self.actors = [
-                remote.options(**with_role_log(learner_rank_options(
-                    learner, rank, name, PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank)),
-                    log_dir, f"{name}-{rank}"))
+                remote.options(**{**rank_options[rank], "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=rank)})
                 .remote(rank, n, str(model_path), dtype, learner, algorithm, sampling_temperature)
                 for rank in range(n)]
             _check_visibility(self.actors, learner.num_gpus_per_rank)

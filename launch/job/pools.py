@@ -61,13 +61,19 @@ class PoolSupervisor:
     def __init__(self, env_cfg: Any, policy: Policy, tokenizer_dir: str, limits: EpisodeLimits,
                  trajectory_endpoint: str | None, num_actors: int | None = None, name: str = "envpool",
                  send_timeout_s: float | None = 600.0, env_factory: Callable[[str, Any], Env] | None = None,
-                 trajectory_curve: dict[str, CurveClient] | None = None, log_dir: str | None = None):
-        """`trajectory_curve`: each actor's CURVE credentials by name (`<name>-<k>`), when the channel has them."""
+                 trajectory_curve: dict[str, CurveClient] | None = None, log_dir: str | None = None,
+                 actor_options: dict[str, dict] | None = None):
+        """`trajectory_curve`: each actor's CURVE credentials by name (`<name>-<k>`), when the channel has them.
+        `actor_options`: each actor's Ray options by name, as the run's placement plan has them (launch.job.plan);
+        None: computed here."""
         self.env_cfg = env_cfg
         count = num_actors or env_cfg.num_actors
         self.names = pool_names(count, name)
+        if actor_options is not None and set(actor_options) != set(self.names):
+            raise ValueError(f"the placement plan names env pools {sorted(actor_options)}, not {self.names}")
         remote, options = ray.remote(EnvPool), pool_actor_options(env_cfg)  # no GPU visible, SPREAD
-        self.actors = [remote.options(**with_role_log(options, log_dir, actor_name)).remote(
+        self.actors = [remote.options(**(actor_options[actor_name] if actor_options is not None
+                                         else with_role_log(options, log_dir, actor_name))).remote(
                            env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint, actor_name, send_timeout_s,
                            env_factory, trajectory_curve=trajectory_curve[actor_name] if trajectory_curve else None)
                        for actor_name in self.names]

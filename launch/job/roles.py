@@ -33,24 +33,21 @@ def advertised(endpoint: str, node_address: str = "") -> str:
 
 
 def resource_asks(cfg: RootConfig) -> dict[str, list[tuple[str, float]]]:
-    """Per Ray resource ("CPU", "GPU"): (the config keys behind it, amount) for each role, computed from the
-    very options the roles are started with (launch.job.placement, launch.job.generators.actor_options)."""
-    from launch.job.generators import actor_options
-    from launch.job.placement import learner_bundle, pool_actor_options
+    """Per Ray resource ("CPU", "GPU"): (the config keys behind it, amount) for each role, summed over the run's
+    placement plan (launch.job.plan), which is what the roles are started from."""
+    from launch.job.plan import placement_plan
 
-    rank = learner_bundle(cfg.learner)
-    replica = actor_options(cfg.generator)
-    pool = pool_actor_options(cfg.env)
+    plan = placement_plan(cfg)
+    learners, replicas, pools = (plan.of(role) for role in ("learner", "generator", "env_pool"))
     gen_gpus = ("generator.num_replicas * max(generator.num_gpus, generator.tensor_parallel_size)"
                 if cfg.generator.device == "cuda" else "generator.num_replicas * generator.num_gpus")
-    learners, replicas, pools = cfg.learner.num_ranks, cfg.generator.num_replicas, cfg.env.num_actors
     return {
-        "CPU": [("learner.num_ranks * learner.num_cpus_per_rank", learners * rank["CPU"]),
-                ("generator.num_replicas * generator.num_cpus", replicas * float(replica["num_cpus"])),
-                ("env.num_actors * env.num_cpus_per_actor", pools * float(pool["num_cpus"]))],
-        "GPU": [("learner.num_ranks * learner.num_gpus_per_rank", learners * rank.get("GPU", 0.0)),
-                (gen_gpus, replicas * float(replica["num_gpus"])),
-                ("env.num_actors (no GPU)", pools * float(pool["num_gpus"]))],
+        "CPU": [("learner.num_ranks * learner.num_cpus_per_rank", sum(r.cpus for r in learners)),
+                ("generator.num_replicas * generator.num_cpus", sum(r.cpus for r in replicas)),
+                ("env.num_actors * env.num_cpus_per_actor", sum(r.cpus for r in pools))],
+        "GPU": [("learner.num_ranks * learner.num_gpus_per_rank", sum(r.gpus for r in learners)),
+                (gen_gpus, sum(r.gpus for r in replicas)),
+                ("env.num_actors (no GPU)", sum(r.gpus for r in pools))],
     }
 
 
@@ -159,8 +156,11 @@ class Roles:
         from launch.job.pools import PoolSupervisor, pool_names
         from actors.policy_client import PolicyClient
 
+        from launch.job.plan import placement_plan
+
         check_resources(cfg)
         log_dir = role_log_dir(cfg)
+        plan = placement_plan(cfg, log_dir)  # every role below is started from it
         tag = f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this start's replicas, by name (PolicyClient)
         t = cfg.transport
         replicas = replica_names(cfg.generator.num_replicas)
@@ -168,13 +168,15 @@ class Roles:
 
         def launch_rest() -> tuple[Any, Any]:
             launched = launch_generators(model_dir, cfg.generator, dtype=cfg.model.dtype,
-                                         max_model_len=cfg.rollout.max_context_tokens, log_dir=log_dir, actor_tag=tag)
+                                         max_model_len=cfg.rollout.max_context_tokens, actor_tag=tag,
+                                         options={r.name: r.options for r in plan.of("generator")})
             generators.extend(launched)
             policy = PolicyClient(launched, recovery_wait_s=cfg.generator.recovery_wait_s,
                                   names=[ray_name(n, tag) for n in replicas])
             curves = {n: keys.trajectory_client(n) for n in pool_names(cfg.env.num_actors)} if keys else None
             return policy, PoolSupervisor(cfg.env, policy, str(model_dir), limits, trajectory_endpoint,
-                                          trajectory_curve=curves, log_dir=log_dir)
+                                          trajectory_curve=curves,
+                                          actor_options={r.name: r.options for r in plan.of("env_pool")})
 
         try:
             if cfg.generator.device == "cpu":
@@ -187,7 +189,7 @@ class Roles:
                                     log_dir=log_dir, weights_fanout=t.weights_fanout, weights_sync=t.weights_sync,
                                     weights_workers_per_replica=workers_per_replica(cfg.generator),
                                     weights_timeout_s=t.weights_ack_timeout_s, weights_shm=t.weights_shm,
-                                    weights_bucket_bytes=t.weights_bucket_mb << 20, spread_nodes=t.allow_insecure)
+                                    weights_bucket_bytes=t.weights_bucket_mb << 20, plan=plan)
             if pools is None:
                 policy, pools = launch_rest()
             if resume_learner is not None:
