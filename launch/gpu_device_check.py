@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> dict:
     import torch
     import transformers
 
-    from launch.gpu_device_collective import collective_case, model_shapes
+    from launch.gpu.device_collective import collective_case, model_shapes
 
     started = time.monotonic()
     cuda = args.device == "cuda"

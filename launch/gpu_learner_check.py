@@ -39,7 +39,7 @@ import traceback
 
 import numpy as np
 
-from launch.gpu_learner_cases import FIXED_TOL, fixed_case, ipc_case, learn_case, throughput_case
+from launch.gpu.learner_cases import FIXED_TOL, fixed_case, ipc_case, learn_case, throughput_case
 
 DEFAULT_CASES = ("learn-bfloat16-zero2,learn-bfloat16-zero3,learn-float32-zero3,fixed-bfloat16-zero1,"
                  "fixed-bfloat16-zero3,fixed-float32-zero1,fixed-float32-zero3,ipc,throughput")

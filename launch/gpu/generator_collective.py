@@ -10,7 +10,7 @@ rank 0 is told not to offer CUDA IPC there (`allow_ipc=False`). launch.gpu_devic
 shows the choice made from visibility alone.
 With one GPU, rank 0 runs on the engine's GPU, as a colocated learner would, and the group must choose CUDA IPC.
 On `--device cpu`, rank 0 is a process of its own on gloo. The version must be acked and the fixed tokens'
-logprobs must move and match the reference with the new weights (launch.gpu_check.checks_of).
+logprobs must move and match the reference with the new weights (launch.gpu.verdict.checks_of).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import tempfile
 import time
 import traceback
 
-from launch.gpu_check import NOISE_SCALE, diff_stats, perturbed_state
+from launch.gpu.compare import NOISE_SCALE, diff_stats, perturbed_state
 
 
 def plan(device: str, gpus: int, tp: int) -> dict:
