@@ -11,8 +11,8 @@ from core.stats import wilson_interval
 from core.trajectory import Termination, Trajectory
 from environments.babyai.levels import level_and_seed
 from environments.item_sampler import family_items
-from launch.eval_report import summarize, summary, write_report
-from launch.evaluate import eval_items, eval_specs, items_description
+from launch.eval.report import summarize, summary, write_report
+from launch.eval.runner import eval_items, eval_specs, items_description
 
 
 def _traj(item: str, success: bool, k: int = 0) -> Trajectory:
@@ -101,7 +101,7 @@ def test_unseen_is_refused_for_a_family_without_unseen_items():
 
 
 def test_launch_eval_refuses_random_for_families_that_list_no_actions(capsys):
-    from launch.eval import main
+    from launch.eval.command import main
 
     assert main(["--policy", "random", "--env", "webarena"]) == 2
     err = capsys.readouterr().err
@@ -111,7 +111,7 @@ def test_launch_eval_refuses_random_for_families_that_list_no_actions(capsys):
 
 
 def test_a_checkpoint_names_its_run_base_model(tmp_path):
-    from launch.eval import run_base_model
+    from launch.eval.command import run_base_model
 
     step = tmp_path / "run" / "checkpoints" / "step_00000030"
     step.mkdir(parents=True)
@@ -141,7 +141,7 @@ def test_a_run_reuses_its_untrained_rows_only_when_measured_on_the_same_items(tm
     import dataclasses
 
     from core.checkpoint import write_json
-    from launch.evaluate import eval_limits
+    from launch.eval.runner import eval_limits
 
     cfg = load_config(None, ["eval.limit=3"])
     measured_on = {"episodes": {"babyai": [dataclasses.astuple(s) for s in eval_specs(cfg, "babyai")]},

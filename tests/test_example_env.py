@@ -127,7 +127,7 @@ def test_the_example_family_trains(tiny_model_dir, tmp_path):
 
 
 def test_launch_eval_accepts_a_family_of_the_config():
-    from launch.eval import families_for
+    from launch.eval.command import families_for
 
     assert families_for("guess", ("guess",)) == (["guess"], {})
     assert families_for("all", ("guess",))[0][-1] == "guess"

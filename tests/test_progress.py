@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from configs.load import load_config
-from launch.evaluate import eval_specs, eval_turns
+from launch.eval.runner import eval_specs, eval_turns
 from launch.job.progress import Progress, eval_seconds
 
 STEP = {"rollout/turns_mean": 4.0, "rollout/gen_tokens_mean": 40.0, "perf/gen_tokens_per_s": 50.0}

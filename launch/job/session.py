@@ -21,7 +21,7 @@ from core.staleness import StalenessGate
 from core.transport import TrajectoryReceiver
 from environments.item_sampler import mix_sampler
 from launch.job.episodes import EPISODES_FILE, TrainingEpisodes
-from launch.evaluate import eval_turns
+from launch.eval.runner import eval_turns
 from launch.job.progress import Progress
 from launch.job.role_stats import RoleMemory, driver_tokens_per_s, ray_locate
 from launch.job.pools import pool_names
@@ -147,7 +147,7 @@ class TrainingSession:
         cfg = self.cfg
         if not (cfg.eval.at_end and cfg.eval.baselines):
             return None, []
-        from launch.evaluate import eval_limits, eval_specs, evaluate_rows
+        from launch.eval.runner import eval_limits, eval_specs, evaluate_rows
 
         path = self.out / "eval" / "untrained.json"
         # what the rows were measured on: a resumed run with other eval settings cannot reuse them
@@ -199,7 +199,7 @@ class TrainingSession:
 
         plot_run(self.out / "metrics.jsonl", self.out / "training.png", title=self.out.name)
         if evaluate:
-            from launch.evaluate import evaluate_with
+            from launch.eval.runner import evaluate_with
 
             evaluate_with(self.cfg, self.roles, self.out / "eval",
                           model_name=f"{self.cfg.model.path} after {self.state.step} steps ({self.out.name})",

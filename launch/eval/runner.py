@@ -1,4 +1,4 @@
-"""Evaluation: run the eval items through env pools with a policy, then write the report (launch/eval_report.py).
+"""Evaluation: run the eval items through env pools with a policy, then write the report (launch/eval/report.py).
 
 The same items (`eval_specs`) are run for each policy in the report: the model, the untrained model (given by
 the caller: a training run evaluates its base weights before its first step, launch.eval starts generators for
@@ -22,7 +22,7 @@ from environments.item_sampler import family_items
 from environments.registry import get_family
 from environments.unseen import unseen_items
 from launch.job.episodes import records_of, report_examples, write_eval_episodes
-from launch.eval_report import summarize, summary, write_report
+from launch.eval.report import summarize, summary, write_report
 
 log = logging.getLogger("agentgym.eval")
 

@@ -141,7 +141,7 @@ def evaluate_random(cfg: Any, out: Path, skipped: dict[str, str]) -> None:
     import time
 
     from core.models import resolve_model
-    from launch.evaluate import RANDOM_DESCRIPTION, finish_report, random_rows
+    from launch.eval.runner import RANDOM_DESCRIPTION, finish_report, random_rows
 
     started = time.monotonic()
     tokenizer_dir = resolve_model(cfg.model.path, cfg.model.cache_dir)  # renders the chat; nothing is sampled
@@ -175,7 +175,7 @@ def evaluate_model(cfg: Any, args: argparse.Namespace, out: Path, skipped: dict[
     import ray
 
     from core.models import resolve_model, same_architecture
-    from launch.evaluate import eval_limits, evaluate_rows, evaluate_with
+    from launch.eval.runner import eval_limits, evaluate_rows, evaluate_with
 
     notes: list[str] = []
     if not cfg.eval.baselines:
@@ -210,6 +210,3 @@ def evaluate_model(cfg: Any, args: argparse.Namespace, out: Path, skipped: dict[
 
     _with_generators(cfg, base_dir, out, both)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
