@@ -54,8 +54,8 @@ from actors.weights.vllm_worker import WORKER_EXTENSION
 from configs.generation import GeneratorConfig
 from core.cpu_affinity import keep_freed_memory, pin_to_cores
 from core.models import checkpoint_tensors
-from core.weights.shm import WeightStaging, staged_nbytes
 from core.policy import GenerationRequest, GenerationResult
+from core.weights.shm import WeightStaging, staged_nbytes
 
 log = logging.getLogger("agentgym.generator")
 

@@ -37,13 +37,14 @@ from actors import zero_engine
 from configs.learner import AlgorithmConfig, LearnerConfig
 from core import advantages as adv
 from core.batching import MicroBatch, TrainSample, count_micro_batches, micro_batches, split
-from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, decoupled_ppo_loss, finish_stats
 from core.cpu_affinity import pin_to_cores
 from core.cpu_features import resolve_cpu_autocast
-from core.lr_schedule import lr_multiplier
-from core.packed_attention import NAME as PACKED_SDPA, register as register_packed_sdpa
-from core.token_scorer import Scores, TokenScorer, policy_state_names
 from core.curve import CurveServer
+from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, decoupled_ppo_loss, finish_stats
+from core.lr_schedule import lr_multiplier
+from core.packed_attention import NAME as PACKED_SDPA
+from core.packed_attention import register as register_packed_sdpa
+from core.token_scorer import Scores, TokenScorer, policy_state_names
 from core.trajectory import Trajectory
 from core.weights.publisher import WeightPublisher
 from core.weights.tensors import TensorBytes

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from configs.learner import AlgorithmConfig, LearnerConfig
-from core.weights.subscriber import WeightSubscriber
 from core.cue_task import CueTask, load_weights
+from core.weights.subscriber import WeightSubscriber
 
 pytestmark = pytest.mark.slow
 
