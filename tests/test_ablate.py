@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.metrics import read_jsonl
-from launch.ablate_horizon import stage_schedule
-from launch.ablate_report import reading
+from launch.ablate.horizon import stage_schedule
+from launch.ablate.horizon_report import reading
 from tests.training_runs import ROOT, TINY_RECIPE
 
 
@@ -28,7 +28,7 @@ def test_stage_schedule_grows_from_short_to_long(short, long, stages, steps, wan
 def test_the_horizon_variants_are_equal_in_steps_by_default_and_in_turns_on_request():
     import argparse
 
-    from launch.ablate_horizon import variant_overrides
+    from launch.ablate.horizon import variant_overrides
 
     args = argparse.Namespace(short=2, long=6, stages=3, steps=24, max_steps_factor=4, equal="steps")
     assert variant_overrides("scaling", args, 0) == ["algorithm.horizon.turns=[2, 4, 6]",
@@ -56,7 +56,7 @@ def test_the_reading_names_the_ordering_and_whether_the_seeds_separate_it():
 
 
 def test_the_offpolicy_reading_names_whether_the_correction_helps_beyond_the_seeds():
-    from launch.offpolicy_report import reading as offpolicy_reading
+    from launch.ablate.offpolicy_report import reading as offpolicy_reading
 
     apart = offpolicy_reading({"decoupled": 0.8, "coupled": 0.5, "sync": 0.7},
                               {"decoupled": (0.75, 0.85), "coupled": (0.4, 0.6), "sync": (0.6, 0.8)}, 8, 3,
@@ -75,8 +75,8 @@ def test_the_offpolicy_runs_get_enough_slots_for_eta_and_the_staleness_is_read_b
     import argparse
     import json
 
-    from launch.ablate_offpolicy import slots_for, variant_overrides
-    from launch.offpolicy_report import mean_staleness
+    from launch.ablate.offpolicy import slots_for, variant_overrides
+    from launch.ablate.offpolicy_report import mean_staleness
 
     args = argparse.Namespace(config="configs/default.yaml", overrides=[], slots=0, eta=8, steps=24)
     # default: 4 groups of 4 per step; eta 8 -> 9 steps of groups in flight -> 144 episodes, 2 per slot
@@ -151,8 +151,8 @@ def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_mod
     import argparse
     import json
 
-    from launch.ablate import evaluate_checkpoints
-    from launch.ablate_report import unseen_curve
+    from launch.ablate.runs import evaluate_checkpoints
+    from launch.ablate.horizon_report import unseen_curve
 
     run_dir = tmp_path / "runs" / "decoupled-s0"
     assert (run_dir / "checkpoints" / "step_00000001").is_dir() and not (run_dir / "curve").exists()

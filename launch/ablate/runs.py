@@ -1,19 +1,10 @@
-"""`python -m launch.ablate horizon|offpolicy [options] [key=value ...]`: ablations that train the same model on
-the same items under a few variants, several seeds each, and write a report of how they compare.
-
-- `horizon` (launch/ablate_horizon.py): fixed short, fixed long and ScalingInter-RL turn schedules, at equal
-  learner steps (the paper's x-axis) by default, the equal-turns view beside it (`--equal turns` trains them
-  to equal sampled turns instead). Report: docs/results/horizon.md.
-- `offpolicy` (launch/ablate_offpolicy.py): decoupled PPO with its off-policy correction against the same loss
-  without it (`algorithm.policy_loss=coupled`) at a high staleness bound, and eta = 0 as the synchronous
-  reference. Report: docs/results/offpolicy.md.
-
-What the two share (this module): every run is a `launch.train` of its own (its output in `--runs/<variant>-s<seed>`:
-train.log, metrics.jsonl, episodes.jsonl, its final evaluation greedy on unseen items of its training levels);
-`--seeds` sets trainer.seed, generator.seed and learner.seed together; the first run also evaluates the random
-policy and the untrained model on those items; `--eval-every N` keeps a checkpoint every N steps and evaluates
-each on the same items after the run (success on unseen items against learner steps and against wall-clock);
-`--reuse` keeps the runs (and evaluations) already finished, so an interrupted ablation resumes where it stopped.
+"""What the ablations (`python -m launch.ablate horizon|offpolicy`) share: every run is a `launch.train` of its
+own (its output in `--runs/<variant>-s<seed>`: train.log, metrics.jsonl, episodes.jsonl, its final evaluation
+greedy on unseen items of its training levels); `--seeds` sets trainer.seed, generator.seed and learner.seed
+together; the first run also evaluates the random policy and the untrained model on those items; `--eval-every N`
+keeps a checkpoint every N steps and evaluates each on the same items after the run (success on unseen items
+against learner steps and against wall-clock); `--reuse` keeps the runs (and evaluations) already finished, so an
+interrupted ablation resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -25,8 +16,6 @@ import time
 from pathlib import Path
 
 from core.metrics import read_jsonl
-
-USAGE = "usage: python -m launch.ablate horizon|offpolicy [options] [key=value ...] (--help for each)"
 
 
 def common_arguments(p: argparse.ArgumentParser, runs: str, report: str, seeds: list[int]) -> None:
@@ -117,20 +106,3 @@ def evaluate_checkpoints(name: str, run_dir: Path, args: argparse.Namespace, eva
         out.mkdir(parents=True, exist_ok=True)
         _run(cmd, out / "eval.log", f"{name}: the evaluation of step {step}")
 
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("horizon", "offpolicy"):
-        print(USAGE, file=sys.stderr)
-        return 2
-    if argv[0] == "horizon":
-        from launch.ablate_horizon import horizon
-
-        return horizon(argv[1:])
-    from launch.ablate_offpolicy import offpolicy
-
-    return offpolicy(argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

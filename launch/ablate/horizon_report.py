@@ -1,5 +1,5 @@
-"""The horizon ablation's report (launch/ablate_horizon.py): a Markdown page and a PNG beside it, from each run's
-metrics.jsonl and eval reports; and what the off-policy report (launch/offpolicy_report.py) shares with it.
+"""The horizon ablation's report (launch/ablate/horizon.py): a Markdown page and a PNG beside it, from each run's
+metrics.jsonl and eval reports; and what the off-policy report (launch/ablate/offpolicy_report.py) shares with it.
 Every figure on the page is read from those files."""
 from __future__ import annotations
 

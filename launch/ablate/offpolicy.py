@@ -1,5 +1,5 @@
 """`python -m launch.ablate offpolicy`: does the off-policy correction help when generation runs far ahead?
-The same model on the same items under three variants, several seeds each (shared machinery: launch/ablate.py).
+The same model on the same items under three variants, several seeds each (shared machinery: launch/ablate/runs.py).
 
 Variants:
 - `decoupled`: trainer.max_staleness = `--eta`, the decoupled PPO loss with its correction (the default loss:
@@ -23,8 +23,8 @@ from datetime import date
 from pathlib import Path
 
 from configs.load import load_config
-from launch.ablate import common_arguments, seed_overrides, train
-from launch.offpolicy_report import write_report
+from launch.ablate.offpolicy_report import write_report
+from launch.ablate.runs import common_arguments, seed_overrides, train
 
 VARIANTS = ("decoupled", "coupled", "sync")
 

@@ -1,5 +1,5 @@
 """`python -m launch.ablate horizon`: the same model on the same items under three turn schedules, several
-seeds each, and a report of how they compare (the shared machinery: launch/ablate.py).
+seeds each, and a report of how they compare (the shared machinery: launch/ablate/runs.py).
 
 Variants (algorithm.horizon):
 - `scaling`: ScalingInter-RL, the turn limit growing from `--short` to `--long` in `--stages` stages spread evenly
@@ -22,8 +22,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-from launch.ablate import common_arguments, seed_overrides, train, trained_turns
-from launch.ablate_report import write_report
+from launch.ablate.horizon_report import write_report
+from launch.ablate.runs import common_arguments, seed_overrides, train, trained_turns
 
 VARIANTS = ("scaling", "fixed_short", "fixed_long")
 

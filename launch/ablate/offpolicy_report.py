@@ -1,4 +1,4 @@
-"""The off-policy ablation's report (launch/ablate_offpolicy.py): a Markdown page and a PNG beside it, from each
+"""The off-policy ablation's report (launch/ablate/offpolicy.py): a Markdown page and a PNG beside it, from each
 run's metrics.jsonl and eval reports. Every figure on the page is read from those files."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from launch.ablate_report import compare, final_eval, fmt, spread, step_rows, unseen_curve
+from launch.ablate.horizon_report import compare, final_eval, fmt, spread, step_rows, unseen_curve
 
 LABELS = {"decoupled": "decoupled (correction on)", "coupled": "coupled (correction off)", "sync": "eta = 0 (sync)"}
 COLORS = {"decoupled": "tab:green", "coupled": "tab:red", "sync": "tab:blue"}
