@@ -1,4 +1,20 @@
-"""Entry points (train, eval, bench, splits, env_server), Ray wiring and placement.
+"""The commands a user runs, `python -m launch.<command>`, and below them what they run. Nothing below imports
+a command (tests/test_layering.py).
+
+| module | what it is |
+|---|---|
+| `train` | train: `python -m launch.train [--config X.yaml] [key=value ...]` |
+| `eval/` | evaluate a model, a checkpoint or the random policy (`command`; its `runner` and `report`) |
+| `results` | the default run, trained and evaluated, written to docs/results/ |
+| `ablate/` | ablations (horizon, off-policy): variants x seeds, and their report |
+| `bench/` | benchmarks: `python -m launch.bench <name>` |
+| `splits` | write the generated train/test splits |
+| `env_server` | serve an env family over AgentGym's env-server protocol |
+| `soak_report` | is a long run flat? each role's memory and tokens/s after warm-up |
+| `gpu_check`, `gpu_learner_check`, `gpu_device_check` | GPU checks: the generator, the learner, a device |
+| `verify_install` | checks a freshly built venv (run by install.sh) |
+| `job/` | the training job's wiring: Ray, placement, every role's actors, the session, what a run writes |
+| `gpu/` | what the GPU checks run: their steps, reference, verdict and cases |
 
 A role's process sends its output to its own log file from here on (core.role_log).
 

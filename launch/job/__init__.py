@@ -9,6 +9,7 @@ the run leaves behind. Commands (launch/*.py, launch/<command>/) import from her
 | `run` | the training run, start to end: Ray up, the session, then plot and evaluate |
 | `session` | one training session: the roles it starts, what it resumes from, what it writes as it goes |
 | `roles` | starting and stopping every role of a run (learners, generators, env pools), resource checks |
+| `plan` | the placement plan: every role's actors, CPUs, GPUs, env and node, before anything starts |
 | `placement` | what each role asks Ray for (bundles, options) and which GPUs its process may see |
 | `learners` | the learner ranks as Ray actors, behind one handle |
 | `generators` | the generator replicas as Ray actors |
