@@ -250,7 +250,7 @@ class WeightPublisher:
     def _missed(self, name: str) -> None:
         """A subscriber that connected anew (a restarted process) holds none of the versions published before:
         each one it had not acked counts as answered, skipped, so nobody waits for an ack that cannot come.
-        It gets the current weights when the run publishes them again for it (launch.generator_watch)."""
+        It gets the current weights when the run publishes them again for it (launch.job.generator_watch)."""
         for version in range(max(0, self.published - 4), self.published + 1):
             if name not in self.acks.get(version, {}):
                 self.stalled.setdefault(version, {})[name] = f"stalled: reconnected before acking version {version}"
