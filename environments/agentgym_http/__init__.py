@@ -2,6 +2,13 @@
 
 Item ids are `agentgym_http_<n>` (or the served task's own `<task>_<n>` ids from its dataset files), where n is
 the server's data_idx; environments.item_sampler.family_of says which ids the env pool routes here.
+
+| module | what it is |
+|---|---|
+| `protocol` | the HTTP protocol of AgentGym's env servers (create, reset, step, close, observation), `EnvServerError` |
+| `client` | the client env: the action extracted from the reply, sent to the server, every failure raised |
+| `verdicts` | whether an AgentGym server accepted an action, read from its fixed reply texts (BabyAI, TextCraft) |
+| `server` | our families served over the same protocol, for AgentGym's clients or ours; loopback by default |
 """
 from __future__ import annotations
 

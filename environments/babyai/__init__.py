@@ -1,4 +1,15 @@
-"""BabyAI (minigrid's BabyAI levels) as a text environment: `FAMILY` for the registry."""
+"""BabyAI (minigrid's BabyAI levels) as a text environment: `FAMILY` for the registry.
+
+| module | what it is |
+|---|---|
+| `env` | the BabyAI env over minigrid: reset by item, one macro action per step, minigrid's own reward |
+| `levels` | the reference's 40 levels and the item-id mapping: `babyai_<n>` is level n % 40, seed n // 40 |
+| `view` | the agent's 7x7 egocentric view turned into named, numbered objects and sentences |
+| `macros` | the text actions: macro actions planned by BFS over what the agent sees, compiled to primitives |
+| `prompt` | the task instructions shown to the agent |
+| `scripted` | a plausible valid reply read off the observation text alone, for contract tests and benches |
+| `expert` | a scripted expert that plans over the true grid but acts only through the listed text actions |
+"""
 from __future__ import annotations
 
 from typing import Any

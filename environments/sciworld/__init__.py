@@ -1,5 +1,12 @@
 """SciWorld (ScienceWorld 1.2.3, bundled simulator jar, Java >= 1.8): `sciworld_<n>` over 4,639 (task, variation)
-pairs; see tasks.py for the mapping and splits, env.py for reward, success and parsing, simulator.py for the JVM."""
+pairs; see tasks.py for the mapping and splits, env.py for reward, success and parsing, simulator.py for the JVM.
+
+| module | what it is |
+|---|---|
+| `tasks` | the item ids: `sciworld_<n>` as the n-th (task, variation) pair, the simulator's table, the splits |
+| `env` | the SciWorld env: reward as the change of the normalised score, success at 100, action parsing |
+| `simulator` | one ScienceWorld simulator: a JVM of its own with a small heap, driven over py4j, a lean step |
+"""
 from __future__ import annotations
 
 import random

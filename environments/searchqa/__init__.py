@@ -4,6 +4,15 @@ Default data (offline, no download): the Wikipedia lead paragraphs shipped by `o
 with BM25, and a QA set generated from them (qa_gen.py): 8,347 items, `searchqa_0`..`searchqa_349` the test split
 (245 single-hop, 105 two-hop), the rest train. A user's corpus folder, QA folder or remote Search-R1 retrieval
 server replace these through `env.searchqa` (a user's QA folder defines its own id range).
+
+| module | what it is |
+|---|---|
+| `env` | the Search env: search a corpus, then answer; exact match rewarded, retrieval failures raised |
+| `protocol` | the Search-R1 turn protocol (`<search>`, `<answer>` tags) and its exact-match metric |
+| `dataset` | the QA items behind `searchqa_<n>`, and one shared QA set and retriever per process |
+| `corpus` | corpora in the Search-R1 / FlashRAG JSONL format, and the offline Wikipedia default |
+| `retriever` | retrievers: a cached BM25 index over a corpus folder, or a Search-R1 retrieval server |
+| `qa_gen` | the QA set generated deterministically from the offline passages: single- and two-hop questions |
 """
 from __future__ import annotations
 

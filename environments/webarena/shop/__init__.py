@@ -5,6 +5,13 @@ cart, checkout, order history, customer login, and the REST calls WebArena's eva
 
 Its task configs (tasks/*.json, WebArena's format, ids 812 and up) cover string_match, url_match and
 program_html; `solutions.py` holds a scripted solution of each, used by tests and benches.
+
+| module | what it is |
+|---|---|
+| `server` | the shop's HTTP server on loopback: sessions and login cookies, shared orders, the REST calls |
+| `pages` | the HTML of its pages, with the paths and form fields of WebArena's Magento store |
+| `catalog` | its fixed data: products, categories, accounts and the seeded order history |
+| `solutions` | a scripted solution of each shop task, played through the real observation and actions |
 """
 from __future__ import annotations
 
