@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 from typing import Any, Callable
 
@@ -57,6 +58,15 @@ def pool_names(n: int, prefix: str = "envpool") -> list[str]:
     return [f"{prefix}-{k}" for k in range(n)]
 
 
+@functools.lru_cache(maxsize=4)
+def sent_tokenizer(tokenizer_dir: str) -> Any:
+    """The tokenizer every pool is sent (actors/env_pool.py), loaded once per process here: a process that
+    supervises pools has transformers' auto classes and torch imported already, or soon (launch.job.episodes)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
 class PoolSupervisor:
     def __init__(self, env_cfg: Any, policy: Policy, tokenizer_dir: str, limits: EpisodeLimits,
                  trajectory_endpoint: str | None, num_actors: int | None = None, name: str = "envpool",
@@ -75,7 +85,8 @@ class PoolSupervisor:
         self.actors = [remote.options(**(actor_options[actor_name] if actor_options is not None
                                          else with_role_log(options, log_dir, actor_name))).remote(
                            env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint, actor_name, send_timeout_s,
-                           env_factory, trajectory_curve=trajectory_curve[actor_name] if trajectory_curve else None)
+                           env_factory, trajectory_curve=trajectory_curve[actor_name] if trajectory_curve else None,
+                           tokenizer=sent_tokenizer(tokenizer_dir))
                        for actor_name in self.names]
         self._in_flight: list[dict[str, EpisodeSpec]] = [{} for _ in range(count)]
         self._incarnations: list[str | None] = [None] * count
