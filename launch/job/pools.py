@@ -60,8 +60,9 @@ def pool_names(n: int, prefix: str = "envpool") -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def sent_tokenizer(tokenizer_dir: str) -> Any:
-    """The tokenizer every pool is sent (actors/env_pool.py), loaded once per process here: a process that
-    supervises pools has transformers' auto classes and torch imported already, or soon (launch.job.episodes)."""
+    """The tokenizer every pool is sent (actors/env_pool.py), loaded once per process here. A driver that writes
+    transcripts (logging.episodes_every) or evaluates loads it anyway (launch.job.episodes), so each pool's load
+    is saved outright; one that does neither pays it once here instead of once per pool start."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tokenizer_dir)
