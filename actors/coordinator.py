@@ -168,7 +168,7 @@ class Coordinator:
             raise RuntimeError(f"the trajectory receiver thread died: {self._pump_error!r}") from self._pump_error
         await self.weights.check()
         await self._check_health()
-        if self.needs_republish is not None and self.needs_republish():
+        if (self.needs_republish is not None and self.needs_republish()) or self.weights.take_resend():
             log.warning("publishing weights version %d again for a restarted generator", self.state.version)
             await self.weights.publish(wait=True)
 

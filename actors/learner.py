@@ -183,7 +183,7 @@ class Learner:
             p = publisher
             self.publisher = WeightPublisher(p.host, p.port, chunk_bytes=p.chunk_bytes, curve=p.curve,
                                              expected=p.subscribers, stall_timeout_s=p.stall_timeout_s,
-                                             fanout=p.fanout, shm=p.shm)
+                                             fanout=p.fanout, shm=p.shm, await_expected=True)
         n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in scorer.parameters())
         return {"rank": self.rank, "parameters": n_params, "weights_endpoint": self.weights_endpoint()}
 

@@ -100,6 +100,17 @@ def test_a_stalled_generator_is_counted_and_the_version_still_served():
     assert pub.served == 1 and pub.channel["transport/weights_stalled"] == 1
 
 
+def test_a_replica_that_subscribed_after_the_version_went_out_gets_it_again():
+    learners = _Learners()
+    pub = _publication(learners)
+    learners.answer(1, {"gen-0": (False, "stalled: subscribed after version 1 was sent"), "gen-1": (True, "")})
+    asyncio.run(pub.publish(wait=True))
+    assert pub.served == 1 and pub.take_resend() and not pub.take_resend()  # asked once
+    learners.answer(2, {"gen-0": (False, "stalled: took no chunk for 60.0 s"), "gen-1": (True, "")})
+    asyncio.run(pub.publish(wait=True))
+    assert not pub.take_resend()  # a stalled replica has older weights and serves: nothing to send again
+
+
 def test_a_stop_request_ends_the_wait_for_acks_within_a_slice():
     learners, stop = _Learners(), threading.Event()
     pub = _publication(learners, stopping=stop.is_set)

@@ -13,6 +13,9 @@ What must hold:
 - The run's watch goes on while acks are awaited (`on_wait`, between slices of the wait): a generator that
   dies before it acks is seen down and excused (`excused()`), and once restarted and subscribed again it
   counts as having skipped the version, so the wait ends without reaching `ack_timeout_s`.
+- A replica whose hello reached the learner after the current version went out (a restart racing the run's
+  republish for it) is named so in the acks, and the version goes out again (`take_resend`): it never waits
+  for weights that nobody will send.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import asyncio
 import logging
 import time
 from typing import Any, Awaitable, Callable, Sequence
+
+from core.weights.publisher import SUBSCRIBED_AFTER
 
 log = logging.getLogger("agentgym.coordinator")
 
@@ -39,6 +44,7 @@ class Publication:
         self.published = self.served = version
         self.channel: dict[str, float] = {}  # transport metrics of the weights channel
         self._acks: asyncio.Task | None = None
+        self.resend = False  # the current version must go out again (`take_resend`)
 
     async def publish(self, wait: bool = False) -> float:
         """Publish the learner's current version after the previous one is acked; returns the seconds this
@@ -54,6 +60,12 @@ class Publication:
         if wait:
             await self.settle()
         return time.monotonic() - started
+
+    def take_resend(self) -> bool:
+        """Whether the current version must be published again: its acks named a replica that subscribed (a
+        restarted one) after it went out, which holds no weights until it gets them (asked once)."""
+        wanted, self.resend = self.resend, False
+        return wanted
 
     async def settle(self) -> None:
         """Wait for the acks of the version last published; raises what a failed generator reported."""
@@ -84,6 +96,8 @@ class Publication:
             raise RuntimeError(f"generators failed to apply weights version {version}: {failed}")
         if stalled:
             log.warning("weights version %d skipped stalled generators: %s", version, stalled)
+        if any(err.startswith(SUBSCRIBED_AFTER) for err in stalled.values()) and version >= self.published:
+            self.resend = True  # a replica whose hello came after the version went out: it waits for it
         self.channel["transport/weights_stalled"] = self.channel.get("transport/weights_stalled", 0.0) + len(stalled)
         self.served = max(self.served, version)
         self.on_served(version)

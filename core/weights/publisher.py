@@ -57,6 +57,7 @@ POLL_BUDGET = 256  # control messages handled per `poll` call at most: a flood c
 ROUND_BUDGET = 4  # ... and per send round of a publish, so a flood costs a publish a few messages per round
 PACE_S = 0.0005  # a send round that found that many waiting lasts at least this long (`_paced_poll`)
 CONNECTION_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+SUBSCRIBED_AFTER = "stalled: subscribed after"  # the ack reason of a version sent before a subscriber's hello
 
 
 def parse_event(message: list[bytes]) -> tuple[int, int]:
@@ -100,8 +101,9 @@ class WeightPublisher:
     def __init__(self, host: str = LOOPBACK, port: int = 0, chunk_bytes: int = 4 << 20,
                  hwm: int = 8, ctx: zmq.Context | None = None, curve: CurveServer | None = None,
                  expected: Iterable[str] | None = None, stall_timeout_s: float = 30.0, fanout: str = "star",
-                 shm: bool = False):
-        """`shm`: serve subscribers on this node through shared memory (core.weights.shm) once they prove it."""
+                 shm: bool = False, await_expected: bool = False):
+        """`shm`: serve subscribers on this node through shared memory (core.weights.shm) once they prove it.
+        `await_expected`: `wait_acks` waits for every `expected` name, connected or not (see there)."""
         # Chunks stay well under glibc's 32 MB mmap threshold, so the receiver's per-message buffers are
         # recycled from the heap instead of being mapped (and page-faulted) afresh for every chunk.
         # Weights go out zero-copy: an own context, terminated on close, outlives every queued frame.
@@ -132,6 +134,7 @@ class WeightPublisher:
         self.endpoint = bind_endpoint(self._sock, host, port)
         self.chunk_bytes = chunk_bytes
         self.expected = set(expected) if expected is not None else None
+        self.await_expected = await_expected and self.expected is not None  # see `wait_acks`
         self.authenticated = curve is not None  # names come from keys, not from what a peer says
         self.stall_timeout_s = stall_timeout_s
         if fanout not in ("star", "relay"):
@@ -206,7 +209,8 @@ class WeightPublisher:
             if known == name and old != routing:
                 del self.peers[old]
                 self._connection_of.pop(old, None)
-                self._missed(name)
+        if routing not in self.peers:  # a new connection: it holds nothing published before its hello
+            self._missed(name)
         self.peers[routing] = name
         self.relays[name] = relay
         self.links.pop(name, None)  # a new connection has no link yet
@@ -248,12 +252,14 @@ class WeightPublisher:
         return serial >= 0 and self._open.get(fd) == serial
 
     def _missed(self, name: str) -> None:
-        """A subscriber that connected anew (a restarted process) holds none of the versions published before:
-        each one it had not acked counts as answered, skipped, so nobody waits for an ack that cannot come.
-        It gets the current weights when the run publishes them again for it (launch.job.generator_watch)."""
+        """A subscriber that says hello (a restarted process, or one whose hello came after a version was sent)
+        holds none of the versions published before: each one it had not acked counts as answered, skipped
+        (reason "stalled: subscribed after ..."), so nobody waits for an ack that cannot come. It gets the
+        current weights when the run publishes them again for it (launch.job.generator_watch, or
+        actors.weights.publication when the acks name it so)."""
         for version in range(max(0, self.published - 4), self.published + 1):
             if name not in self.acks.get(version, {}):
-                self.stalled.setdefault(version, {})[name] = f"stalled: reconnected before acking version {version}"
+                self.stalled.setdefault(version, {})[name] = f"{SUBSCRIBED_AFTER} version {version} was sent"
 
     def _send_keys(self) -> None:
         for routing in list(self._keys_owed):
@@ -478,7 +484,10 @@ class WeightPublisher:
         """Wait until every registered peer acked `version`; returns {peer name: (ok, error)}.
 
         A peer skipped as stalled for this version counts as answered, with (False, "stalled: ..."); so does
-        one named in `excused` (the run knows its process is down) that has not acked.
+        one named in `excused` (the run knows its process is down) that has not acked. With `await_expected` (a
+        run's publisher: every `expected` name is a replica of the run), one not connected now is waited for
+        too, unless excused: a restarted one says hello, and a hello after the
+        version went out answers for it ("stalled: subscribed after ...", `_missed`), so the run sends it again.
         Raises TimeoutError naming the peers that did not answer in time.
         """
         deadline = time.monotonic() + timeout_s
@@ -490,7 +499,9 @@ class WeightPublisher:
                 got.setdefault(name, (False, why))
             for name in excused & set(self.peers.values()):
                 got.setdefault(name, (False, "stalled: its process is down"))
-            missing = [n for n in self.peers.values() if n not in got]
+            registered = set(self.peers.values())
+            absent = self.expected - registered - excused if self.await_expected else set()
+            missing = [n for n in sorted(registered | absent) if n not in got]
             if not missing:
                 return got
             if time.monotonic() > deadline:
