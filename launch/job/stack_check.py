@@ -85,6 +85,15 @@ def _gpu_capabilities() -> list[tuple[str, tuple[int, int]]] | None:
             for i in range(torch.cuda.device_count())]
 
 
+def _build_tools(how: str, compiler: tuple[str, Any], package: str, has_headers: Any, eager: str) -> list[str]:
+    """The problem (none or one) of a compile mode that builds C/C++ at run time: `compiler` is (what, found)."""
+    missing = [what for what, ok in (compiler, ("the Python headers (Python.h)", has_headers)) if not ok]
+    if not missing:
+        return []
+    return [f"generator.enforce_eager=false compiles with {how} {' and '.join(missing)}: install them "
+            f"(Debian/Ubuntu: apt-get install {package} python3.11-dev); {eager}"]
+
+
 def stack_problems(cfg: Any, *, importable=_importable, cc=c_compiler, cxx=cxx_compiler, headers=python_headers,
                    gpus=_gpu_capabilities) -> list[str]:
     """Every reason this config cannot run with what is installed here, naming the key and the package. The
@@ -100,19 +109,11 @@ def stack_problems(cfg: Any, *, importable=_importable, cc=c_compiler, cxx=cxx_c
             if not importable("triton"):
                 problems.append("generator.enforce_eager=false compiles with Triton, and the triton package is "
                                 f"not installed (it comes with torch's CUDA wheel: bash launch/install.sh --gpu); {eager}")
-            missing = [what for what, ok in (("a C compiler (gcc or clang, or set CC)", cc()),
-                                             ("the Python headers (Python.h)", headers())) if not ok]
-            if missing:
-                problems.append(f"generator.enforce_eager=false compiles with Triton, which builds its launcher at "
-                                f"run time and needs {' and '.join(missing)}: install them (Debian/Ubuntu: "
-                                f"apt-get install gcc python3.11-dev); {eager}")
+            problems += _build_tools("Triton, which builds its launcher at run time and needs",
+                                     ("a C compiler (gcc or clang, or set CC)", cc()), "gcc", headers(), eager)
         else:
-            missing = [what for what, ok in (("a C++ compiler (g++ or clang++, or set CXX)", cxx()),
-                                             ("the Python headers (Python.h)", headers())) if not ok]
-            if missing:
-                problems.append(f"generator.enforce_eager=false compiles with torch.compile (inductor), which needs "
-                                f"{' and '.join(missing)}: install them (Debian/Ubuntu: apt-get install g++ "
-                                f"python3.11-dev); {eager}")
+            problems += _build_tools("torch.compile (inductor), which needs",
+                                     ("a C++ compiler (g++ or clang++, or set CXX)", cxx()), "g++", headers(), eager)
     if cfg.model.dtype == "bfloat16" and cfg.generator.device == "cuda":
         seen = gpus()
         old = [f"{name} ({major}.{minor})" for name, (major, minor) in seen or [] if major < 8]
