@@ -32,12 +32,12 @@ def advertised(endpoint: str, node_address: str = "") -> str:
     return endpoint.replace("0.0.0.0", node_address or ray.util.get_node_ip_address())
 
 
-def resource_asks(cfg: RootConfig) -> dict[str, list[tuple[str, float]]]:
+def resource_asks(cfg: RootConfig, plan: Any = None) -> dict[str, list[tuple[str, float]]]:
     """Per Ray resource ("CPU", "GPU"): (the config keys behind it, amount) for each role, summed over the run's
-    placement plan (launch.job.plan), which is what the roles are started from."""
+    placement plan (launch.job.plan; computed from `cfg` when not given), which the roles are started from."""
     from launch.job.plan import placement_plan
 
-    plan = placement_plan(cfg)
+    plan = plan if plan is not None else placement_plan(cfg)
     learners, replicas, pools = (plan.of(role) for role in ("learner", "generator", "env_pool"))
     gen_gpus = ("generator.num_replicas * max(generator.num_gpus, generator.tensor_parallel_size)"
                 if cfg.generator.device == "cuda" else "generator.num_replicas * generator.num_gpus")
@@ -51,27 +51,31 @@ def resource_asks(cfg: RootConfig) -> dict[str, list[tuple[str, float]]]:
     }
 
 
-def resource_request(cfg: RootConfig) -> dict[str, float]:
+def resource_request(cfg: RootConfig, plan: Any = None) -> dict[str, float]:
     """What the whole run asks Ray for, in Ray's resource names: {"CPU": ..., "GPU": ...}. A run fits a node
     (say {"CPU": 96, "GPU": 8}) when every value is at most the node's."""
-    return {resource: float(sum(v for _, v in parts)) for resource, parts in resource_asks(cfg).items()}
+    return _totals(resource_asks(cfg, plan))
+
+
+def _totals(asks: dict[str, list[tuple[str, float]]]) -> dict[str, float]:
+    return {resource: float(sum(v for _, v in parts)) for resource, parts in asks.items()}
 
 
 def check_resources(cfg: RootConfig, have: dict[str, float] | None = None,
-                    nodes: list[dict[str, float]] | None = None) -> None:
+                    nodes: list[dict[str, float]] | None = None, plan: Any = None) -> None:
     """Refuse, naming the config keys, a run whose roles ask for more CPUs or GPUs than the cluster has (`have`:
     Ray's cluster resources when None), since Ray would otherwise wait forever to place them; and, unless
     transport.allow_insecure, one whose learner ranks fit on no single node (`nodes`: each live node's
     resources; when None, Ray's, or `have` as one node when given): ranks on several nodes rendezvous through a
-    store that is not authenticated."""
+    store that is not authenticated. `plan`: the run's placement plan, when the caller has it."""
     if nodes is None and have is not None:
         nodes = [have]
     if have is None:
         import ray
 
         have = ray.cluster_resources()
-    asks = resource_asks(cfg)
-    for resource, total in resource_request(cfg).items():
+    asks = resource_asks(cfg, plan)
+    for resource, total in _totals(asks).items():
         if total > have.get(resource, 0) + 1e-9:
             detail = ", ".join(f"{k} = {v:g}" for k, v in asks[resource] if v)
             raise SystemExit(f"launch.train: config error: the roles ask for {total:g} {resource} ({detail}) but the "
@@ -158,9 +162,9 @@ class Roles:
 
         from launch.job.plan import placement_plan
 
-        check_resources(cfg)
         log_dir = role_log_dir(cfg)
         plan = placement_plan(cfg, log_dir)  # every role below is started from it
+        check_resources(cfg, plan=plan)
         tag = f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this start's replicas, by name (PolicyClient)
         t = cfg.transport
         replicas = replica_names(cfg.generator.num_replicas)
