@@ -74,6 +74,15 @@ def srcfd(frame: zmq.Frame) -> int:
         return -1
 
 
+def _chunk_messages(version: int, tensors: list[TensorBytes], chunk_bytes: int) -> list[list]:
+    """`version` as chunk messages [b"C", header, part, ...] (zero-copy views of the tensors' bytes)."""
+    chunks = list(chunk_tensors(tensors, chunk_bytes))
+    return [[b"C", msgpack.packb({"version": version, "seq": seq, "n_chunks": len(chunks),
+                                  "parts": [[t.name, t.dtype, list(t.shape), off, byte_view(t.data).nbytes]
+                                            for t, off, _ in chunk]})] + [view for _, _, view in chunk]
+            for seq, chunk in enumerate(chunks)]
+
+
 class WeightPublisher:
     """The learner's end. Binds; generators connect and say hello.
 
@@ -379,19 +388,13 @@ class WeightPublisher:
             log.warning("weights publisher: version %d has no subscribers", version)
         self.published = max(self.published, version)
         tensors = list(tensors)
-        chunks = list(chunk_tensors(tensors, self.chunk_bytes))
-        messages = []
-        for seq, chunk in enumerate(chunks):
-            header = msgpack.packb({
-                "version": version, "seq": seq, "n_chunks": len(chunks),
-                "parts": [[t.name, t.dtype, list(t.shape), off, byte_view(t.data).nbytes]
-                          for t, off, _ in chunk],
-            })
-            messages.append([b"C", header] + [view for _, _, view in chunk])
         # Auth off, relay: a relayed chunk is checked against its digest, sent on the publisher's own connection
-        # (which nobody else can write to), so nothing pushed into a relay socket can alter a version.
+        # (which nobody else can write to), so nothing pushed into a relay socket can alter a version. Two
+        # subscribers over TCP or more: none of them is served from the shelf alone, so the chunks are needed.
         over_tcp = [n for n in self.peers.values() if n not in self.same_node]
-        relayed = self.fanout == "relay" and not self.authenticated and len(over_tcp) > 1 and len(chunks) <= MAX_DIGESTS
+        relayed = self.fanout == "relay" and not self.authenticated and len(over_tcp) > 1
+        messages = _chunk_messages(version, tensors, self.chunk_bytes) if relayed else None
+        relayed = relayed and len(messages) <= MAX_DIGESTS
         self._digests = (version, b"".join(chunk_digest(m[1:]) for m in messages) if relayed else b"")
         for routing, name in self.peers.items():  # the version (and its chunk key) before any of its chunks
             self._keys_owed[routing] = (name, version)
@@ -403,6 +406,9 @@ class WeightPublisher:
         self.shelved = self._shelve(version, tensors)
         if self.shelved and self.shelved.issuperset(self.peers.values()):
             return sum(byte_view(t.data).nbytes for t in tensors)
+        if messages is None:
+            messages = _chunk_messages(version, tensors, self.chunk_bytes)
+        sent = sum(len(part) for m in messages for part in m[2:])
         if self.seal is not None:
             messages = SealedChunks(version, messages, self.seal.chunks, self.seal.buffers)
         if self.fanout == "relay":
@@ -411,7 +417,7 @@ class WeightPublisher:
             RelayFanout(self, version, messages).run()
         else:
             self._fan_out(version, messages)
-        return sum(len(v) for chunk in chunks for _, _, v in chunk)
+        return sent
 
     def _shelve(self, version: int, tensors: list[TensorBytes]) -> frozenset[str]:
         """Put `version` on the shelf for the same-node subscribers; the names it was announced to."""
