@@ -1,4 +1,12 @@
-"""Shared fixtures. Network rule: tests talk only to 127.0.0.1 (or namespaces they create themselves)."""
+"""Shared fixtures, and how the suite is spread over workers. Network rule: tests talk only to 127.0.0.1 (or
+namespaces they create themselves).
+
+The suite runs on pytest-xdist workers (`-n auto --dist loadfile` in pyproject.toml): a test module runs whole
+on one worker, so its module fixtures (a vLLM engine, a two-node cluster) are made once. About half of a
+serial run is spent waiting (a run's Ray, its engine and its learner start in their own processes), which a
+second worker fills. Modules holding a `slow` test are handed out first, so that no long one is left for the
+end while the other worker idles.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +19,23 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+
+GIB_PER_WORKER = 6  # an end-to-end test's run holds a local Ray, a vLLM engine, a learner and env pools
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: a worker per core, at most MAX_WORKERS, and no more than the memory holds runs."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (GIB_PER_WORKER << 30)
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS, memory))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Modules with a `slow` test first (longest-first spreads the work best), each module's tests kept together
+    and in order; the rest after them in collection order."""
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow)  # a stable sort: order within each kept
 
 
 @pytest.fixture(scope="session")

@@ -108,6 +108,7 @@ def _steps(run_dir: Path) -> list[dict]:
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "rollout/trained_turns_total" in r]
 
 
+@pytest.mark.slow
 def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_report(tiny_model_dir, tmp_path):
     cmd, report = _ablate("horizon", tiny_model_dir, tmp_path, "--short", "2", "--long", "3", "--stages", "2")
     for variant, want in (("scaling", {2.0}), ("fixed_short", {2.0}), ("fixed_long", {3.0})):
@@ -133,6 +134,7 @@ def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_r
     assert tables(report.read_text()) == tables(text)
 
 
+@pytest.mark.slow
 def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_model_dir, tmp_path):
     _, report = _ablate("offpolicy", tiny_model_dir, tmp_path, "--eta", "2", "--eval-every", "1")
     metrics = {v: _steps(tmp_path / "runs" / f"{v}-s0") for v in ("decoupled", "coupled", "sync")}

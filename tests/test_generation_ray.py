@@ -114,6 +114,7 @@ def _reference_logprobs(model, ids: list[int]) -> np.ndarray:
 @pytest.mark.skipif(importlib.util.find_spec("actors.env_pool") is None
                     or importlib.util.find_spec("environments.babyai") is None,
                     reason="needs the BabyAI env and the EnvPool actor (environments issue)")
+@pytest.mark.slow
 def test_babyai_env_pools_and_generator_actor_end_to_end(ray_local, tiny_model_dir):
     import ray
     from transformers import AutoModelForCausalLM

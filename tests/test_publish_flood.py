@@ -57,6 +57,7 @@ def publish_times(pub: WeightPublisher, first: int, n: int) -> list[float]:
     return times
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flooder", ["keyless", "admitted", "auth-off"])
 def test_a_junk_flood_does_not_slow_a_publish_more_than_2x(flooder):
     keys = RunKeys.generate(GENS) if flooder != "auth-off" else None
@@ -91,7 +92,7 @@ def test_a_junk_flood_does_not_slow_a_publish_more_than_2x(flooder):
                     pass
                 quiet += publish_times(pub, version, 1)
                 flood.send_signal(signal.SIGCONT)
-                time.sleep(0.2)  # the flood fills the queues again
+                time.sleep(0.05)  # the flood fills the queues again (longer only lengthens the drain above)
                 flooded += publish_times(pub, version + 1, 1)
                 version += 2
             ratios.append(statistics.median(flooded) / statistics.median(quiet))

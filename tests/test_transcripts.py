@@ -136,6 +136,7 @@ def test_wandb_takes_the_sample_as_a_table(tmp_path, tiny_model_dir, tiny_tokeni
     assert table["columns"][:3] == ["step", "item_id", "level"] and table["data"][0][1] == "babyai_2"
 
 
+@pytest.mark.slow
 def test_an_evaluation_writes_every_episode_and_its_report_shows_a_success_and_a_failure_per_level(
         tiny_model_dir, tmp_path):
     out = tmp_path / "eval"
