@@ -188,6 +188,10 @@ class EvalConfig:
     """0 is greedy."""
     max_turns: int = spec(0, ge=0)
     """Turn limit during eval (0: the family's reference limit)."""
+    long_max_turns: int = spec(0, ge=0)
+    """A second turn limit the end-of-run evaluation also runs at, on the same items and with the same baselines,
+    into `<output_dir>/eval-<N>-turns/` (0: none). Set above the training horizon, it shows whether the trained
+    agent turns more turns into more successes."""
     at_end: bool = spec(True)
     """Run an evaluation when training ends."""
     item_set: str = spec("split", choices=("split", "unseen"))

@@ -3,10 +3,11 @@
 One command regenerates what docs/results/ shows of the default run:
 1. it trains the default config (`--config`, README command 1's run) into `--runs`, timing it; at its end the
    run evaluates its final policy greedily on unseen items of its training levels (`eval.item_set=unseen`,
-   30 per level unless `--eval-limit`) at its last training horizon, with the random policy and the untrained
-   model on the same items (the run evaluates its base weights before its first step);
-2. it evaluates the same checkpoint on the same items at the reference's turn limit (`--long-turns`, 20), with
-   the same baselines (`python -m launch.eval`);
+   30 per level unless `--eval-limit`) at its last training horizon and, on the same items, at the reference's
+   turn limit (`--long-turns`, 20: `eval.long_max_turns`), each with the random policy and the untrained model
+   (the run evaluates its base weights at both limits before its first step);
+2. a kept run (`--reuse`) that made no evaluation at `--long-turns` has its checkpoint evaluated there by
+   `python -m launch.eval`, with the same baselines;
 3. it writes `--out`/default.md (the setup, the run's time, both evaluations per level with 95% intervals, and
    whether the policy beats random by `--margin` at its last horizon and is no worse at the long limit) and
    copies the run's curve to `--out`/training.png.
@@ -109,12 +110,12 @@ def default(argv: list[str]) -> int:
         shutil.rmtree(run / "checkpoints", ignore_errors=True)  # a fresh run: no resume from an older one
         print(f"[{time.strftime('%H:%M:%S')}] training {args.config} into {run} (log {run / 'train.log'})", flush=True)
         cmd = [sys.executable, "-m", "launch.train", "--config", args.config, *args.overrides,
-               f"trainer.output_dir={run}", "eval.at_end=true", f"eval.max_turns={last}", *common,
-               "logging.progress_bar=false"]
+               f"trainer.output_dir={run}", "eval.at_end=true", f"eval.max_turns={last}",
+               f"eval.long_max_turns={args.long_turns}", *common, "logging.progress_bar=false"]
         minutes_file.write_text(json.dumps({"minutes": _run(cmd, run / "train.log")}))  # read back below
     minutes = json.loads(minutes_file.read_text())["minutes"]
-    long_dir = run / f"eval-{args.long_turns}-turns"
-    if not (args.reuse and (long_dir / "eval_report.json").exists()):
+    long_dir = run / f"eval-{args.long_turns}-turns"  # the run's own second evaluation (eval.long_max_turns)
+    if not (long_dir / "eval_report.json").exists():  # a kept run that made none: evaluate its checkpoint
         print(f"[{time.strftime('%H:%M:%S')}] evaluating at {args.long_turns} turns into {long_dir}", flush=True)
         _run([sys.executable, "-m", "launch.eval", "--env", "babyai", "--config", args.config,
               "--model", str(run / "checkpoints"), "--out", str(long_dir), *args.overrides, *common,
@@ -133,7 +134,7 @@ def default(argv: list[str]) -> int:
         f"Produced by `{command}` on {date.today().isoformat()} ({os.cpu_count()} cores): `{args.config}`"
         + (f" with {' '.join(f'`{o}`' for o in args.overrides)}" if args.overrides else "")
         + f": {len(steps)} steps, {step_s / 60:.1f} min of training steps, {minutes:.1f} min for the whole run "
-        "(start-up, the untrained model's evaluation before the first step and the final one included).", "",
+        "(start-up, the untrained model's evaluations before the first step and the final ones included).", "",
         "![reward, success rate and valid-action fraction per step](training.png)", "",
         f"Greedy evaluation of the final checkpoint on {items}, beside the untrained model and a policy that picks "
         "a uniformly random available action, on the same items. Success rate [95% Wilson interval].", "",

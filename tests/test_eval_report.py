@@ -131,12 +131,13 @@ def test_a_run_reuses_its_untrained_rows_only_when_measured_on_the_same_items(tm
     def rows_of(overrides, resume_from):
         run = SimpleNamespace(cfg=load_config(None, ["eval.limit=3", *overrides]), out=tmp_path,
                               resume_from=resume_from, roles=None)
+        run._untrained_at = lambda cfg, out: TrainingSession._untrained_at(run, cfg, out)
         return TrainingSession._untrained_rows(run)
 
-    assert rows_of(["eval.baselines=false"], None) == (None, [])
-    assert rows_of(["eval.at_end=false"], None) == (None, [])
+    assert rows_of(["eval.baselines=false"], None) == ({}, [])
+    assert rows_of(["eval.at_end=false"], None) == ({}, [])
     rows, notes = rows_of([], tmp_path / "checkpoints" / "step_00000002")  # resumed, nothing measured
-    assert rows is None and "no untrained row" in notes[0]
+    assert rows == {"eval": None} and "no untrained row" in notes[0]
     # what a fresh start measured, as it stores it
     import dataclasses
 
@@ -148,6 +149,9 @@ def test_a_run_reuses_its_untrained_rows_only_when_measured_on_the_same_items(tm
                    "limits": dataclasses.astuple(eval_limits(cfg))}
     (tmp_path / "eval").mkdir()
     write_json(tmp_path / "eval" / "untrained.json", {"rows": _rows()["untrained"], "measured_on": measured_on})
-    assert rows_of([], tmp_path / "checkpoints" / "step_00000002") == (_rows()["untrained"], [])
+    assert rows_of([], tmp_path / "checkpoints" / "step_00000002") == ({"eval": _rows()["untrained"]}, [])
     rows, notes = rows_of(["eval.limit=5"], tmp_path / "checkpoints" / "step_00000002")  # other items
-    assert rows is None and notes
+    assert rows == {"eval": None} and notes
+    # a second turn limit has rows of its own, in its own folder: those at the first limit are not taken for them
+    rows, notes = rows_of(["eval.long_max_turns=20"], tmp_path / "checkpoints" / "step_00000002")
+    assert rows == {"eval": _rows()["untrained"], "eval-20-turns": None} and len(notes) == 1

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from configs.load import load_config
-from launch.eval.runner import eval_specs, eval_turns
+from launch.eval.runner import end_evaluations, eval_specs, eval_turns
 from launch.job.progress import Progress, eval_seconds
 
 STEP = {"rollout/turns_mean": 4.0, "rollout/gen_tokens_mean": 40.0, "perf/gen_tokens_per_s": 50.0}
@@ -16,6 +16,16 @@ def test_eval_estimate_is_turns_times_tokens_per_turn_over_the_generation_rate()
 def test_eval_turns_count_every_episode_at_its_turn_limit():
     cfg = load_config(None, ["eval.limit=5", "eval.samples=2", "eval.max_turns=7"])
     assert eval_turns(cfg) == sum(len(eval_specs(cfg, f)) for f in cfg.eval.envs) * 7 == 5 * 2 * 7
+
+
+def test_a_second_turn_limit_is_a_second_evaluation_of_the_same_items_in_its_own_folder():
+    cfg = load_config(None, ["eval.limit=5", "eval.max_turns=4", "eval.long_max_turns=20"])
+    (short, first), (long, second) = end_evaluations(cfg)
+    assert (first, second) == ("eval", "eval-20-turns") and short is cfg
+    assert [s.horizon for s in eval_specs(long, "babyai")] == [20] * 5
+    assert [s.item_id for s in eval_specs(long, "babyai")] == [s.item_id for s in eval_specs(cfg, "babyai")]
+    assert sum(eval_turns(c) for c, _ in end_evaluations(cfg)) == 5 * 4 + 5 * 20
+    assert [folder for _, folder in end_evaluations(load_config(None, []))] == ["eval"]
 
 
 def test_the_bar_shows_the_evaluation_after_training(capsys):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from launch.results import verdict
 from tests.training_runs import ROOT, TINY_RECIPE
 
@@ -21,6 +23,7 @@ def test_the_verdict_asks_for_the_margin_overall_no_level_worse_and_no_loss_at_t
     assert "does not beat" in lines[0] and lines[1] == "It is worse than random on b." and "no worse than" in lines[2]
 
 
+@pytest.mark.slow
 def test_the_results_command_trains_evaluates_both_limits_and_writes_the_page(tiny_model_dir, tmp_path):
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "launch.results", "default", "--config", str(TINY_RECIPE), "--runs",
@@ -28,6 +31,11 @@ def test_the_results_command_trains_evaluates_both_limits_and_writes_the_page(ti
            f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "trainer.total_steps=1"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # both limits were evaluated by the run itself (eval.long_max_turns), its base weights at each before step 1
+    assert "evaluating at" not in run.stdout
+    for folder in ("eval", "eval-4-turns"):
+        assert (tmp_path / "run" / folder / "untrained.json").is_file(), folder
+        assert (tmp_path / "run" / folder / "episodes.jsonl").stat().st_size > 0, folder
     text = (out / "default.md").read_text()
     for needle in ("## At the last training horizon (2 turns)", "## At the reference's turn limit (4 turns)",
                    "| trained policy |", "| untrained model |", "| random policy |", "GoToRedBallGrey",

@@ -55,6 +55,16 @@ def eval_turns(cfg: RootConfig) -> int:
     return sum(len(specs) * specs[0].horizon for specs in (eval_specs(cfg, f) for f in cfg.eval.envs) if specs)
 
 
+def end_evaluations(cfg: RootConfig) -> list[tuple[RootConfig, str]]:
+    """The evaluations a training run makes at its end, each as (its config, its folder in the run): at
+    eval.max_turns into `eval/`, and at eval.long_max_turns (when set) into `eval-<N>-turns/`, on the same items."""
+    runs = [(cfg, "eval")]
+    if cfg.eval.long_max_turns:
+        long = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, max_turns=cfg.eval.long_max_turns))
+        runs.append((long, f"eval-{cfg.eval.long_max_turns}-turns"))
+    return runs
+
+
 def eval_limits(cfg: RootConfig, random_policy: bool = False) -> EpisodeLimits:
     tokens = cfg.rollout.max_tokens_per_turn
     return EpisodeLimits(max_tokens_per_turn=max(tokens, RANDOM_MIN_TOKENS_PER_TURN) if random_policy else tokens,

@@ -21,7 +21,7 @@ from core.staleness import StalenessGate
 from core.transport import TrajectoryReceiver
 from environments.item_sampler import mix_sampler
 from launch.job.episodes import EPISODES_FILE, TrainingEpisodes
-from launch.eval.runner import eval_turns
+from launch.eval.runner import end_evaluations, eval_turns
 from launch.job.progress import Progress
 from launch.job.role_stats import RoleMemory, driver_tokens_per_s, ray_locate
 from launch.job.pools import pool_names
@@ -122,7 +122,8 @@ class TrainingSession:
         self.trained_log = open(self.out / "trained.jsonl", "a")
         self.groups_log = open(self.out / "groups.jsonl", "a")
         self.progress = Progress(cfg.trainer.total_steps, self.state.step, enabled=cfg.logging.progress_bar,
-                                 eval_turns=eval_turns(cfg) if cfg.eval.at_end else 0)
+                                 eval_turns=sum(eval_turns(c) for c, _ in end_evaluations(cfg)) if cfg.eval.at_end
+                                 else 0)
         gate = StalenessGate(cfg.trainer.max_staleness, cfg.trainer.groups_per_step,
                              started=self.state.step * cfg.trainer.groups_per_step)
         slots = cfg.env.num_actors * cfg.env.slots_per_actor
@@ -140,16 +141,24 @@ class TrainingSession:
             self.coordinator.stop_requested = True
         self.untrained, self.untrained_notes = self._untrained_rows()
 
-    def _untrained_rows(self) -> tuple[list[dict] | None, list[str]]:
-        """The base model's eval figures for the final report (eval.at_end and eval.baselines): measured now,
-        before the first step, while the generators hold the base weights (version 0), and kept in
-        eval/untrained.json so that a resumed run reuses them. Cost: one more evaluation's generation."""
+    def _untrained_rows(self) -> tuple[dict[str, list[dict] | None], list[str]]:
+        """The base model's eval figures for the final report (eval.at_end and eval.baselines), for each end
+        evaluation (by its folder): measured now, before the first step, while the generators hold the base
+        weights (version 0), and kept in <folder>/untrained.json so that a resumed run reuses them. Cost: one
+        more evaluation's generation per turn limit."""
         cfg = self.cfg
         if not (cfg.eval.at_end and cfg.eval.baselines):
-            return None, []
+            return {}, []
+        rows, notes = {}, []
+        for at, folder in end_evaluations(cfg):
+            rows[folder], note = self._untrained_at(at, self.out / folder)
+            notes += [n for n in note if n not in notes]
+        return rows, notes
+
+    def _untrained_at(self, cfg: RootConfig, out: Path) -> tuple[list[dict] | None, list[str]]:
         from launch.eval.runner import eval_limits, eval_specs, evaluate_rows
 
-        path = self.out / "eval" / "untrained.json"
+        path = out / "untrained.json"
         # what the rows were measured on: a resumed run with other eval settings cannot reuse them
         measured_on = {"episodes": {f: [dataclasses.astuple(s) for s in eval_specs(cfg, f)] for f in cfg.eval.envs},
                        "limits": dataclasses.astuple(eval_limits(cfg))}
@@ -161,9 +170,10 @@ class TrainingSession:
             return None, [("no untrained row: the base model was not evaluated on these items before the run's "
                            "first step (it resumed from a checkpoint)")]
 
-        log.info("evaluating the base model before the first step (eval.baselines), for the final report")
-        rows = evaluate_rows(cfg, self.roles.policy, str(self.roles.model_dir), self.out / "eval",
-                             list(cfg.eval.envs), eval_limits(cfg), name="eval-base-pool", row="untrained")
+        log.info("evaluating the base model before the first step (eval.baselines) at %s turns, for the final "
+                 "report", cfg.eval.max_turns or "the reference's")
+        rows = evaluate_rows(cfg, self.roles.policy, str(self.roles.model_dir), out, list(cfg.eval.envs),
+                             eval_limits(cfg), name="eval-base-pool", row="untrained")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, {"model": cfg.model.path, "rows": rows, "measured_on": measured_on})
         return rows, []
@@ -201,10 +211,12 @@ class TrainingSession:
         if evaluate:
             from launch.eval.runner import evaluate_with
 
-            evaluate_with(self.cfg, self.roles, self.out / "eval",
-                          model_name=f"{self.cfg.model.path} after {self.state.step} steps ({self.out.name})",
-                          untrained=getattr(self, "untrained", None), notes=getattr(self, "untrained_notes", []),
-                          untrained_name=f"{self.cfg.model.path}, base weights (evaluated before the first step)")
+            untrained = getattr(self, "untrained", {})
+            for cfg, folder in end_evaluations(self.cfg):  # eval/, then eval-<N>-turns/ (eval.long_max_turns)
+                evaluate_with(cfg, self.roles, self.out / folder,
+                              model_name=f"{cfg.model.path} after {self.state.step} steps ({self.out.name})",
+                              untrained=untrained.get(folder), notes=getattr(self, "untrained_notes", []),
+                              untrained_name=f"{cfg.model.path}, base weights (evaluated before the first step)")
 
     def close(self) -> None:
         """Stop every role and close every file (once; a second call does nothing)."""
