@@ -61,6 +61,10 @@ def two_nodes():
               f"--dashboard-host={HEAD_IP}", f"--temp-dir={temp[head]}")
         in_ns(worker, "ray", "start", f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}",
               "--num-cpus=2", f"--temp-dir={temp[worker]}")
+        deadline = time.monotonic() + 90
+        while (status := in_ns(head, "ray", "status", f"--address={HEAD_IP}:6379").stdout).count("node_") < 2:
+            assert time.monotonic() < deadline, status  # both nodes must join before any test submits a job
+            time.sleep(2)
         yield head, worker
     finally:
         for ns in (head, worker):
@@ -73,25 +77,6 @@ def two_nodes():
             shutil.rmtree(path, ignore_errors=True)
 
 
-def test_ray_job_submit_runs_on_two_nodes_with_env_actors_on_both(two_nodes, tiny_model_dir, tmp_path):
-    head, _ = two_nodes
-    deadline = time.monotonic() + 90
-    while (status := in_ns(head, "ray", "status", f"--address={HEAD_IP}:6379").stdout).count("node_") < 2:
-        assert time.monotonic() < deadline, status  # both nodes must join
-        time.sleep(2)
-    out = tmp_path / "run"
-    job = in_ns(head, "ray", "job", "submit", f"--address=http://{HEAD_IP}:8265", "--working-dir", str(ROOT), "--",
-                "python", "-m", "launch.train", "--config", str(TINY_RECIPE.relative_to(ROOT)),
-                f"model.path={tiny_model_dir}", f"trainer.output_dir={out}", "trainer.total_steps=2",
-                "env.num_actors=2", "transport.host=0.0.0.0", "eval.at_end=false", "logging.wandb_mode=disabled",
-                timeout=900, check=False)
-    assert job.returncode == 0, (job.stdout + job.stderr)[-4000:]
-    assert "succeeded" in job.stdout + job.stderr
-    placement = json.loads((out / "placement.json").read_text())
-    assert sorted(placement["EnvPool"]) == [HEAD_IP, WORKER_IP], placement  # env actors on both nodes
-    assert [r["step"] for r in map(json.loads, (out / "trained.jsonl").read_text().splitlines())] == [1, 2]
-
-
 def test_loopback_transport_is_refused_on_a_multi_node_cluster(two_nodes, tiny_model_dir, tmp_path):
     head, _ = two_nodes
     job = in_ns(head, "ray", "job", "submit", f"--address=http://{HEAD_IP}:8265", "--working-dir", str(ROOT), "--",
@@ -101,9 +86,10 @@ def test_loopback_transport_is_refused_on_a_multi_node_cluster(two_nodes, tiny_m
     assert "transport.host" in job.stdout + job.stderr
 
 
-def test_curve_keeps_an_outsider_out_while_the_run_trains(two_nodes, tiny_model_dir, tmp_path):
-    """transport.auth=auto on a non-loopback host: CURVE. An intruder in the head's namespace, knowing the
-    endpoints and public keys, can neither push, subscribe nor ack; the run trains unaffected."""
+def test_ray_job_submit_runs_on_both_nodes_and_curve_keeps_an_outsider_out(two_nodes, tiny_model_dir, tmp_path):
+    """`ray job submit` of a run whose env actors land on both nodes. transport.auth=auto on a non-loopback host:
+    CURVE. An intruder in the worker's namespace, knowing the endpoints and public keys, can neither push,
+    subscribe nor ack; the run trains unaffected."""
     head, worker = two_nodes
     out, report = tmp_path / "run", tmp_path / "intruder.json"
     intruder = subprocess.Popen(
@@ -120,6 +106,9 @@ def test_curve_keeps_an_outsider_out_while_the_run_trains(two_nodes, tiny_model_
         _, err = intruder.communicate(timeout=60)
     log = job.stdout + job.stderr
     assert job.returncode == 0, log[-4000:]
+    assert "succeeded" in log
+    placement = json.loads((out / "placement.json").read_text())
+    assert sorted(placement["EnvPool"]) == [HEAD_IP, WORKER_IP], placement  # env actors on both nodes
     assert [r["step"] for r in map(json.loads, (out / "trained.jsonl").read_text().splitlines())] == [1, 2, 3]
     transport = json.loads((out / "transport.json").read_text())
     assert transport["auth"] == "curve" and transport["trajectory_endpoint"].startswith(f"tcp://{HEAD_IP}:")
