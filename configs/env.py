@@ -23,6 +23,11 @@ class BabyAIConfig:
     """`react`: the reference's instructions (every action explained, a Thought/Action reply). `brief`: two
     sentences asking for one available action and nothing else (a third of the tokens per episode; for small
     models on CPU). `brief` needs parse_mode=lenient, since its replies carry no `Action:` line."""
+    turn_cue: str = spec("")
+    """A line appended to every observation, after the available actions, right before the agent replies
+    (empty: none, the reference's observations). The default's, "Name exactly one of the available actions.",
+    repeats what the env says after a reply that names none, so the first turn ends as every turn after a
+    miss does."""
 
     def validate(self) -> list[tuple[str, str]]:
         if self.prompt == "brief" and self.parse_mode != "lenient":

@@ -194,3 +194,15 @@ def test_brief_prompt_is_shorter_and_keeps_the_observation():
     assert "one of the available actions" in b.instruction
     with pytest.raises(ValueError, match="prompt"):
         BabyAIEnv(prompt="verbose")
+
+
+def test_a_turn_cue_ends_every_observation_and_none_keeps_the_references():
+    cue = "Name exactly one of the available actions."
+    plain, cued = BabyAIEnv(prompt="brief"), BabyAIEnv(prompt="brief", turn_cue=cue)
+    a, b = plain.reset("babyai_2"), cued.reset("babyai_2")
+    assert b.text == a.text + "\n" + cue and not a.text.endswith(cue)
+    assert available_actions(b.text) == available_actions(a.text)
+    for reply in ("nothing I can name", "turn left", "check available actions"):  # a miss, a step, a listing
+        x, y = plain.step(reply), cued.step(reply)
+        assert y.observation == x.observation + "\n" + cue, reply
+        assert (y.reward, y.valid_action, y.parse_rule) == (x.reward, x.valid_action, x.parse_rule)

@@ -27,7 +27,7 @@ NUM_ITEMS = 900
 
 def make_env(cfg: Any) -> Env:
     """One BabyAI env from `env.babyai` (a configs.env.BabyAIConfig)."""
-    return run_sync_env(BabyAIEnv(parse_mode=cfg.parse_mode, prompt=cfg.prompt))
+    return run_sync_env(BabyAIEnv(parse_mode=cfg.parse_mode, prompt=cfg.prompt, turn_cue=cfg.turn_cue))
 
 
 def select_items(cfg: Any, item_ids: list[str]) -> list[str]:

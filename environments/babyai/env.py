@@ -10,6 +10,7 @@ What must hold:
   0. `done` when minigrid terminates (success or failure) or truncates (max_steps).
 - A missing, unknown or infeasible action gets an explanatory observation, reward 0, no state change and no
   minigrid step. `check available actions` lists the actions without a step.
+- Every observation ends with the listing, then the turn cue when one is set (env.babyai.turn_cue).
 - One minigrid env per level is created lazily and reused across episodes of this instance.
 """
 from __future__ import annotations
@@ -34,11 +35,12 @@ class BabyAIEnv(SyncEnv):
     family = FAMILY_NAME
     inline = True  # pure Python over in-memory state, about a millisecond a step (core.env.SyncEnv.inline)
 
-    def __init__(self, parse_mode: str = "lenient", prompt: str = "react"):
+    def __init__(self, parse_mode: str = "lenient", prompt: str = "react", turn_cue: str = ""):
         if prompt not in INSTRUCTIONS:
             raise ValueError(f"babyai: unknown prompt {prompt!r}; expected one of {sorted(INSTRUCTIONS)}")
         self.parse_mode = parse_mode
         self.instruction = INSTRUCTIONS[prompt]
+        self.turn_cue = turn_cue.strip()
         self._games: dict[str, Any] = {}
         self.game: Any = None
         self.level = ""
@@ -76,7 +78,9 @@ class BabyAIEnv(SyncEnv):
         self.table = MacroTable(self.view)
 
     def listing(self) -> str:
-        return "Available actions: " + json.dumps(list(self.table.actions))
+        """The available actions, which end every observation, and the turn cue after them when one is set."""
+        text = "Available actions: " + json.dumps(list(self.table.actions))
+        return f"{text}\n{self.turn_cue}" if self.turn_cue else text
 
     def lenient_candidates(self) -> dict[str, str]:
         """Every way of naming an available action -> its key (the prompt's "pick up" spelling included)."""
