@@ -7,20 +7,22 @@ import sys
 
 import pytest
 
-from launch.results import verdict
+from launch.results import reuse_untrained, verdict
 from tests.training_runs import ROOT, TINY_RECIPE
 
 
-def test_the_verdict_asks_for_the_margin_overall_no_level_worse_and_no_loss_at_the_long_limit():
+def test_the_verdict_reads_the_margin_the_long_limit_each_level_and_the_extra_turns():
     short = {"model": {"all": 0.70, "a": 0.9, "b": 0.5}, "random": {"all": 0.40, "a": 0.4, "b": 0.4}}
-    long = {"model": {"all": 0.80}, "random": {"all": 0.85}}
+    long = {"model": {"all": 0.80, "a": 0.9, "b": 0.7}, "random": {"all": 0.85, "a": 0.95, "b": 0.75}}
     lines = verdict(short, long, 0.25)
     assert "beats the random policy by 0.25 overall: 0.700 vs 0.400 (+0.300)" in lines[0]
-    assert lines[1] == "It is no worse than random on any level."
-    assert "worse than random overall: 0.800 vs 0.850 (-0.050)" in lines[2]
-    short["model"]["b"] = 0.3
-    lines = verdict(short, {"model": {"all": 0.9}, "random": {"all": 0.9}}, 0.35)
-    assert "does not beat" in lines[0] and lines[1] == "It is worse than random on b." and "no worse than" in lines[2]
+    assert "worse than random overall: 0.800 vs 0.850 (-0.050)" in lines[1]
+    assert lines[2] == "No level is more than 0.05 below random at the long limit."  # 0.05 below is allowed
+    assert lines[3].startswith("It uses the extra turns: 0.800")
+    long["model"].update(all=0.7, b=0.6)
+    lines = verdict(short, long, 0.35)
+    assert "does not beat" in lines[0] and lines[2].endswith("b (0.600 vs 0.750).")
+    assert lines[3].startswith("It does not use the extra turns")
 
 
 @pytest.mark.slow
@@ -50,3 +52,22 @@ def test_the_results_command_trains_evaluates_both_limits_and_writes_the_page(ti
     assert "reusing the finished run" in again.stdout and "training " not in again.stdout
     assert "evaluating" not in again.stdout
     assert (out / "default.md").read_text().split("## At")[1:] == text.split("## At")[1:]
+    # --untrained-from: a second seed takes the first run's untrained rows instead of evaluating the base
+    # model
+    moved = {str(tmp_path / "run"): str(tmp_path / "run2"), str(out): str(tmp_path / "out2")}
+    second = [moved.get(a, a) for a in cmd]
+    other = subprocess.run(second + ["trainer.seed=1", "--untrained-from", str(tmp_path / "run")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert other.returncode == 0, other.stdout[-3000:] + other.stderr[-3000:]
+    for folder in ("eval", "eval-4-turns"):
+        kept = (tmp_path / "run2" / folder / "untrained.json").read_bytes()
+        assert kept == (tmp_path / "run" / folder / "untrained.json").read_bytes(), folder
+    assert "evaluating the base model" not in (tmp_path / "run2" / "train.log").read_text()
+    assert "rows are those measured by the run in" in (tmp_path / "out2" / "default.md").read_text()
+
+
+def test_untrained_rows_from_a_run_that_has_none_are_refused_by_name(tmp_path):
+    (tmp_path / "src" / "eval").mkdir(parents=True)
+    (tmp_path / "src" / "eval" / "untrained.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="eval-20-turns/untrained.json"):
+        reuse_untrained(tmp_path / "src", tmp_path / "run", ["eval", "eval-20-turns"])
