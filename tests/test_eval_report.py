@@ -129,8 +129,8 @@ def test_a_run_reuses_its_untrained_rows_only_when_measured_on_the_same_items(tm
     from launch.job.session import TrainingSession
 
     def rows_of(overrides, resume_from):
-        run = SimpleNamespace(cfg=load_config(None, ["eval.limit=3", *overrides]), out=tmp_path,
-                              resume_from=resume_from, roles=None)
+        cfg = load_config(None, ["eval.limit=3", "eval.long_max_turns=0", *overrides])  # one limit: eval/
+        run = SimpleNamespace(cfg=cfg, out=tmp_path, resume_from=resume_from, roles=None)
         run._untrained_at = lambda cfg, out: TrainingSession._untrained_at(run, cfg, out)
         return TrainingSession._untrained_rows(run)
 
@@ -155,3 +155,15 @@ def test_a_run_reuses_its_untrained_rows_only_when_measured_on_the_same_items(tm
     # a second turn limit has rows of its own, in its own folder: those at the first limit are not taken for them
     rows, notes = rows_of(["eval.long_max_turns=20"], tmp_path / "checkpoints" / "step_00000002")
     assert rows == {"eval": _rows()["untrained"], "eval-20-turns": None} and len(notes) == 1
+
+
+def test_launch_eval_split_flag_evaluates_that_split_even_where_the_config_asks_for_unseen_items():
+    from launch.eval.command import build_parser, flag_overrides
+
+    def item_set(*flags):
+        return load_config(None, flag_overrides(build_parser().parse_args(list(flags)))).eval.item_set
+
+    assert item_set() == "unseen"  # the default's end-of-run evaluation
+    assert item_set("--split", "test") == "split"
+    assert item_set("--split", "test", "--items", "unseen") == "unseen"
+    assert item_set("--items", "split") == "split"

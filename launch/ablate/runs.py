@@ -53,7 +53,7 @@ def trained_turns(run_dir: Path) -> float:
 def eval_overrides(args: argparse.Namespace, eval_turns: int) -> list[str]:
     """What every evaluation of the ablation shares: greedy, unseen items of the training levels, one turn limit."""
     return ["eval.item_set=unseen", f"eval.limit={args.eval_limit}", f"eval.max_turns={eval_turns}",
-            "logging.progress_bar=false"]
+            "eval.long_max_turns=0", "logging.progress_bar=false"]  # one limit: the default's second is not theirs
 
 
 def _run(cmd: list[str], log_path: Path, what: str) -> None:

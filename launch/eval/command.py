@@ -7,7 +7,8 @@
 lists); families whose observations list no actions are refused. With `--policy model` (the default) the report
 also has, on the same items, the untrained model (`--baseline-model`, by default the base model of the training
 run the checkpoint comes from; without either the row is left out with a note) and the random policy, unless
-eval.baselines=false. `--items unseen` evaluates unseen seeds of the training levels (eval.item_set).
+eval.baselines=false. `--items unseen` evaluates unseen seeds of the training levels (eval.item_set); `--split`
+alone evaluates that split's items even where the config asks for unseen ones (the default's end-of-run does).
 Writes eval_report.json and eval_report.md to `--out` and prints a short summary; every episode's transcript
 (each turn's observation, reply, parsed action and reward, and how it ended) goes to `--out`/episodes.jsonl.
 """
@@ -76,7 +77,7 @@ class EvalRoles:
     policy: Any
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launch.eval", description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="babyai", help="a family, a comma list, or all")
     parser.add_argument("--split", default=None, choices=("train", "test"))
@@ -93,13 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None)
     parser.add_argument("--verbose", action="store_true", help="show the roles' own output here, not in <out>/logs/")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The eval.* keys the flags given set; `--split` alone also sets eval.item_set=split (the split's items,
+    even where the config evaluates unseen ones)."""
+    items = args.items or ("split" if args.split else None)
+    return [f"{key}={value}" for key, value in (
+        ("eval.split", args.split), ("eval.samples", args.samples), ("eval.temperature", args.temperature),
+        ("eval.limit", args.limit), ("eval.item_set", items)) if value is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     extra = [f"model.path={model_folder(args.model)}"] + (["logging.verbose=true"] if args.verbose else [])
-    for key, value in (("eval.split", args.split), ("eval.samples", args.samples),
-                       ("eval.temperature", args.temperature), ("eval.limit", args.limit),
-                       ("eval.item_set", args.items)):
-        if value is not None:
-            extra.append(f"{key}={value}")
+    extra += flag_overrides(args)
     try:
         own = tuple(load_config(args.config, args.overrides).env.families)
         envs, skipped = families_for(args.env, own)
