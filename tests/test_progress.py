@@ -25,7 +25,9 @@ def test_a_second_turn_limit_is_a_second_evaluation_of_the_same_items_in_its_own
     assert [s.horizon for s in eval_specs(long, "babyai")] == [20] * 5
     assert [s.item_id for s in eval_specs(long, "babyai")] == [s.item_id for s in eval_specs(cfg, "babyai")]
     assert sum(eval_turns(c) for c, _ in end_evaluations(cfg)) == 5 * 4 + 5 * 20
-    assert [folder for _, folder in end_evaluations(load_config(None, []))] == ["eval"]
+    default = load_config(None, [])
+    assert [folder for _, folder in end_evaluations(default)] == ["eval", "eval-20-turns"]
+    assert [folder for _, folder in end_evaluations(load_config(None, ["eval.long_max_turns=0"]))] == ["eval"]
 
 
 def test_the_bar_shows_the_evaluation_after_training(capsys):
