@@ -8,9 +8,10 @@ One command regenerates what docs/results/ shows of the default run:
    (the run evaluates its base weights at both limits before its first step);
 2. a kept run (`--reuse`) that made no evaluation at `--long-turns` has its checkpoint evaluated there by
    `python -m launch.eval`, with the same baselines;
-3. it writes `--out`/default.md (the setup, the run's time, both evaluations per level with 95% intervals, and
-   whether the policy beats random by `--margin` at its last horizon and is no worse at the long limit) and
-   copies the run's curve to `--out`/training.png.
+3. it writes `--out`/default.md (the setup, the CPU, the run's time, both evaluations per level with 95%
+   intervals, and the default's bar read line by line: a lead over random of `--margin` at its last horizon; at
+   the long limit no worse than random overall, no level more than 0.05 below it, and more successes than at
+   the last horizon) and copies the run's curve to `--out`/training.png.
 `--reuse` keeps a run already finished in `--runs` (its end evaluation written) and only evaluates and reports.
 `--untrained-from RUN` takes the untrained model's rows from another run of the same config (another seed,
 say) instead of evaluating the base model again: greedy, on the same items at the same limits, the training
@@ -174,7 +175,8 @@ def default(argv: list[str]) -> int:
     shutil.copyfile(run / "training.png", out / "training.png")
     source = Path(args.untrained_from)
     borrowed = args.untrained_from and all(
-        (run / f / "untrained.json").read_bytes() == (source / f / "untrained.json").read_bytes()
+        (source / f / "untrained.json").is_file()
+        and (run / f / "untrained.json").read_bytes() == (source / f / "untrained.json").read_bytes()
         for f in ("eval", long_dir.name) if (run / f / "untrained.json").is_file())
     command = " ".join(["python -m launch.results default", *argv])
     items = long_report.get("items", "unseen items of the training levels")
