@@ -13,17 +13,29 @@ from pathlib import Path
 NATIVE_BF16 = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags, best first
 
 
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The first processor's feature flags (`flags` on x86); empty where the file or the line is missing."""
+def _first(field: str, cpuinfo: str | Path) -> str:
+    """The first processor's `field` in /proc/cpuinfo's layout; "" where the file or the line is missing."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() == field:
+            return value.strip()
+    return ""
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The first processor's feature flags (`flags` on x86); empty where the file or the line is missing."""
+    return frozenset(_first("flags", cpuinfo).split())
+
+
+def describe_cpu(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name and its native bfloat16 flag, for the context of a timing."""
+    name = _first("model name", cpuinfo) or "CPU model unknown"
+    flag = native_bf16(cpu_flags(cpuinfo))
+    return f"{name}, {flag}" if flag else f"{name}, no native bfloat16 (neither amx_bf16 nor avx512_bf16)"
 
 
 def native_bf16(flags: frozenset[str] | None = None) -> str:

@@ -31,6 +31,7 @@ from datetime import date
 from pathlib import Path
 
 from configs.load import load_config
+from core.cpu_features import describe_cpu
 from core.horizon import HorizonSchedule
 from core.metrics import read_jsonl
 
@@ -98,20 +99,6 @@ def verdict(short: dict[str, dict[str, float]], long: dict[str, dict[str, float]
     ]
 
 
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo) and its native bfloat16 flag, for the timings' context."""
-    from core.cpu_features import native_bf16
-
-    name = "CPU model unknown"
-    try:
-        name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name")), name)
-    except OSError:
-        pass
-    flag = native_bf16()
-    return f"{name}, {flag}" if flag else f"{name}, no native bfloat16 (neither amx_bf16 nor avx512_bf16)"
-
-
 def reuse_untrained(source: Path, run: Path, folders: list[str]) -> None:
     """Copy `source`'s untrained.json of each end-evaluation folder into `run`, where the run checks what they
     were measured on before it uses them."""
@@ -123,6 +110,16 @@ def reuse_untrained(source: Path, run: Path, folders: list[str]) -> None:
                                     "folder)")
         (run / folder).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(saved, run / folder / "untrained.json")
+
+
+def used_untrained_from(source: Path, run: Path, folders: list[str]) -> bool:
+    """Whether every folder of `run` still holds `source`'s untrained rows, byte for byte: the run used them
+    (a run that found them measured on other items or limits wrote its own)."""
+    def rows(root: Path, folder: str) -> bytes | None:
+        path = root / folder / "untrained.json"
+        return path.read_bytes() if path.is_file() else None
+
+    return all((kept := rows(run, f)) is not None and kept == rows(source, f) for f in folders)
 
 
 def default(argv: list[str]) -> int:
@@ -146,21 +143,22 @@ def default(argv: list[str]) -> int:
     out = Path(args.out or f"docs/results/default-s{seed}")
     run.mkdir(parents=True, exist_ok=True)
     common = ["eval.item_set=unseen", f"eval.limit={args.eval_limit}", "eval.baselines=true"]
-    short_report = run / "eval" / "eval_report.json"
+    folders = ["eval", f"eval-{args.long_turns}-turns"]  # the run's end evaluations (eval.long_max_turns)
+    short_report = run / folders[0] / "eval_report.json"
     minutes_file = run / "train_minutes.json"
     if args.reuse and short_report.exists() and minutes_file.exists():
         print(f"reusing the finished run in {run}", flush=True)
     else:
         shutil.rmtree(run / "checkpoints", ignore_errors=True)  # a fresh run: no resume from an older one
         if args.untrained_from:
-            reuse_untrained(Path(args.untrained_from), run, ["eval", f"eval-{args.long_turns}-turns"])
+            reuse_untrained(Path(args.untrained_from), run, folders)
         print(f"[{time.strftime('%H:%M:%S')}] training {args.config} into {run} (log {run / 'train.log'})", flush=True)
         cmd = [sys.executable, "-m", "launch.train", "--config", args.config, *args.overrides,
                f"trainer.output_dir={run}", "eval.at_end=true", f"eval.max_turns={last}",
                f"eval.long_max_turns={args.long_turns}", *common, "logging.progress_bar=false"]
         minutes_file.write_text(json.dumps({"minutes": _run(cmd, run / "train.log")}))  # read back below
     minutes = json.loads(minutes_file.read_text())["minutes"]
-    long_dir = run / f"eval-{args.long_turns}-turns"  # the run's own second evaluation (eval.long_max_turns)
+    long_dir = run / folders[1]
     if not (long_dir / "eval_report.json").exists():  # a kept run that made none: evaluate its checkpoint
         print(f"[{time.strftime('%H:%M:%S')}] evaluating at {args.long_turns} turns into {long_dir}", flush=True)
         _run([sys.executable, "-m", "launch.eval", "--env", "babyai", "--config", args.config,
@@ -173,16 +171,12 @@ def default(argv: list[str]) -> int:
     step_s = sum(r.get("perf/step_seconds", 0.0) for r in steps)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run / "training.png", out / "training.png")
-    source = Path(args.untrained_from)
-    borrowed = args.untrained_from and all(
-        (source / f / "untrained.json").is_file()
-        and (run / f / "untrained.json").read_bytes() == (source / f / "untrained.json").read_bytes()
-        for f in ("eval", long_dir.name) if (run / f / "untrained.json").is_file())
+    borrowed = bool(args.untrained_from) and used_untrained_from(Path(args.untrained_from), run, folders)
     command = " ".join(["python -m launch.results default", *argv])
     items = long_report.get("items", "unseen items of the training levels")
     text = [
         "# The default run: its curve and its evaluation against baselines", "",
-        f"Produced by `{command}` on {date.today().isoformat()} ({os.cpu_count()} cores, {cpu_name()}): "
+        f"Produced by `{command}` on {date.today().isoformat()} ({os.cpu_count()} cores, {describe_cpu()}): "
         f"`{args.config}`"
         + (f" with {' '.join(f'`{o}`' for o in args.overrides)}" if args.overrides else "")
         + f": {len(steps)} steps, {step_s / 60:.1f} min of training steps, {minutes:.1f} min for the whole run "

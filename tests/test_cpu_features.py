@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.cpu_features import cpu_flags, native_bf16, resolve_cpu_autocast
+from core.cpu_features import cpu_flags, describe_cpu, native_bf16, resolve_cpu_autocast
 
 ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse sse2 avx avx2 fma bmi2 vaes\n"
 SPR = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
@@ -38,3 +38,12 @@ def test_unreadable_or_flagless_cpuinfo_means_no_native_bfloat16(cpuinfo, tmp_pa
     assert resolve_cpu_autocast("auto", frozenset())[0] == "none"
     with pytest.raises(ValueError, match="learner.cpu_autocast"):
         resolve_cpu_autocast("fp16", frozenset())
+
+
+def test_a_timing_names_the_cpu_and_its_native_bfloat16(tmp_path):
+    spr, zen3 = tmp_path / "spr", tmp_path / "zen3"
+    spr.write_text(SPR.replace("vendor_id", "model name\t: Intel Xeon\nvendor_id"))
+    zen3.write_text(ZEN3)
+    assert describe_cpu(spr) == "Intel Xeon, amx_bf16"
+    assert describe_cpu(zen3) == "CPU model unknown, no native bfloat16 (neither amx_bf16 nor avx512_bf16)"
+    assert describe_cpu(tmp_path / "missing").startswith("CPU model unknown, no native")

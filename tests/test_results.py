@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launch.results import reuse_untrained, verdict
+from launch.results import reuse_untrained, used_untrained_from, verdict
 from tests.training_runs import ROOT, TINY_RECIPE
 
 
@@ -71,3 +71,9 @@ def test_untrained_rows_from_a_run_that_has_none_are_refused_by_name(tmp_path):
     (tmp_path / "src" / "eval" / "untrained.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="eval-20-turns/untrained.json"):
         reuse_untrained(tmp_path / "src", tmp_path / "run", ["eval", "eval-20-turns"])
+    # the page says the rows were borrowed only while the run still holds them unchanged in every folder
+    reuse_untrained(tmp_path / "src", tmp_path / "run", ["eval"])
+    assert used_untrained_from(tmp_path / "src", tmp_path / "run", ["eval"])
+    assert not used_untrained_from(tmp_path / "src", tmp_path / "run", ["eval", "eval-20-turns"])  # not there
+    (tmp_path / "run" / "eval" / "untrained.json").write_text('{"rows": []}')  # measured its own
+    assert not used_untrained_from(tmp_path / "src", tmp_path / "run", ["eval"])
