@@ -31,6 +31,7 @@ from datetime import date
 from pathlib import Path
 
 from configs.load import load_config
+from core.checkpoint import write_text_durably
 from core.cpu_features import describe_cpu
 from core.horizon import HorizonSchedule
 from core.metrics import read_jsonl
@@ -101,15 +102,23 @@ def verdict(short: dict[str, dict[str, float]], long: dict[str, dict[str, float]
 
 def reuse_untrained(source: Path, run: Path, folders: list[str]) -> None:
     """Copy `source`'s untrained.json of each end-evaluation folder into `run`, where the run checks what they
-    were measured on before it uses them."""
+    were measured on before it uses them. Written whole or not at all (write_text_durably); a file that is not
+    a run's untrained rows is refused by name."""
     for folder in folders:
         saved = source / folder / "untrained.json"
         if not saved.is_file():
             raise FileNotFoundError(f"--untrained-from: {saved} does not exist (a run of the same config "
                                     "with eval.baselines=true and eval.long_max_turns set holds one per "
                                     "folder)")
+        text = saved.read_text()
+        try:
+            held = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"--untrained-from: {saved} is not JSON ({exc})") from None
+        if not (isinstance(held, dict) and {"rows", "measured_on"} <= held.keys()):
+            raise ValueError(f"--untrained-from: {saved} holds no untrained rows (keys rows and measured_on)")
         (run / folder).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(saved, run / folder / "untrained.json")
+        write_text_durably(run / folder / "untrained.json", text)
 
 
 def used_untrained_from(source: Path, run: Path, folders: list[str]) -> bool:

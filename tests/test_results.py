@@ -68,7 +68,7 @@ def test_the_results_command_trains_evaluates_both_limits_and_writes_the_page(ti
 
 def test_untrained_rows_from_a_run_that_has_none_are_refused_by_name(tmp_path):
     (tmp_path / "src" / "eval").mkdir(parents=True)
-    (tmp_path / "src" / "eval" / "untrained.json").write_text("{}")
+    (tmp_path / "src" / "eval" / "untrained.json").write_text('{"rows": [], "measured_on": {}}')
     with pytest.raises(FileNotFoundError, match="eval-20-turns/untrained.json"):
         reuse_untrained(tmp_path / "src", tmp_path / "run", ["eval", "eval-20-turns"])
     # the page says the rows were borrowed only while the run still holds them unchanged in every folder
@@ -77,3 +77,7 @@ def test_untrained_rows_from_a_run_that_has_none_are_refused_by_name(tmp_path):
     assert not used_untrained_from(tmp_path / "src", tmp_path / "run", ["eval", "eval-20-turns"])  # not there
     (tmp_path / "run" / "eval" / "untrained.json").write_text('{"rows": []}')  # measured its own
     assert not used_untrained_from(tmp_path / "src", tmp_path / "run", ["eval"])
+    for garbage, why in (("{\"rows\": [", "is not JSON"), ("[1, 2]", "holds no untrained rows")):
+        (tmp_path / "src" / "eval" / "untrained.json").write_text(garbage)
+        with pytest.raises(ValueError, match=why):
+            reuse_untrained(tmp_path / "src", tmp_path / "run", ["eval"])
