@@ -55,6 +55,7 @@ class EpisodeLimits:
     top_p: float = 1.0
     format_reward: float = 0.0  # added to a turn's reward when the env judged its action valid (not unknown)
     format_reward_on: str = "valid"  # or "clean": only when the reply kept to the format (rule strict or exact)
+    format_reward_per: str = "turn"  # or "episode": the episode's total is format_reward x its paid turns' share
     instruction_role: str = "system"
     reset_timeout_s: float = 120.0
     step_timeout_s: float = 60.0
@@ -89,6 +90,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     turn_ends: list[int] = []
     turn_rewards: list[float] = []
     turn_actions: list[str] = []  # what the env parsed from each reply, for transcripts (never trained on)
+    turn_shaped: list[float] = []  # the format reward inside each entry of turn_rewards
     metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "judged_turns": 0.0,
                "success": 0.0, "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
     termination = Termination.HORIZON
@@ -149,6 +151,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             clean = limits.format_reward_on == "valid" or step.parse_rule in ("strict", "exact")
             shaped = limits.format_reward if valid is True and clean else 0.0
             turn_rewards.append(float(step.reward) + shaped)
+            turn_shaped.append(shaped)
             action = step.info.get("action") if isinstance(step.info, dict) else None
             turn_actions.append(action[:MAX_ACTION_CHARS] if isinstance(action, str) else "")
             metrics["env_reward"] += float(step.reward)
@@ -177,6 +180,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
         termination = Termination.ENV_ERROR
     finally:
         await _end_session(policy, spec.trajectory_id)
+    if limits.format_reward_per == "episode" and turn_shaped:
+        _spread_format_reward(turn_rewards, turn_shaped, len(turn_ends), metrics)
     metrics["num_turns"] = float(len(turn_ends))
     metrics["episode_seconds"] = time.monotonic() - started
     return Trajectory(
@@ -187,6 +192,14 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
         turn_ends=np.asarray(turn_ends, TOKEN_DTYPE), turn_rewards=np.asarray(turn_rewards, LOGPROB_DTYPE),
         metrics=metrics, turn_actions=turn_actions,
     )
+
+
+def _spread_format_reward(turn_rewards: list[float], turn_shaped: list[float], turns: int, metrics: dict) -> None:
+    """Scale each turn's format reward by 1/turns, so an episode earns at most format_reward in all: paid per
+    turn, a longer episode earns more, and at a long horizon six valid no-ops outearn a quick success's share."""
+    for i, shaped in enumerate(turn_shaped):  # turn i's entry (a timed-out last turn has none: it earned 0)
+        turn_rewards[i] -= shaped - shaped / turns
+    metrics["format_reward"] = sum(turn_shaped) / turns
 
 
 async def _end_session(policy: Policy, session_id: str) -> None:

@@ -207,3 +207,24 @@ def test_every_turn_of_an_episode_carries_its_groups_priority(tiny_tokenizer):
     spec = EpisodeSpec("e-7", "toy_1", "group-7", 0, horizon=3, priority=7)
     _run(_Env(), policy, tiny_tokenizer, spec=spec)
     assert policy.priorities == [7, 7, 7]
+
+
+@pytest.mark.parametrize("horizon", [2, 6])
+def test_format_reward_per_episode_does_not_grow_with_the_episode(tiny_tokenizer, horizon):
+    """On the real BabyAI env: a policy that only turns right (a valid action that never ends the episode)
+    earns format_reward per turn under `turn`, so six turns pay three times two; under `episode` its total is
+    format_reward at any length, split over its turns."""
+    from core.env import run_sync_env
+    from environments.babyai.env import BabyAIEnv
+
+    totals = {}
+    for per in ("turn", "episode"):
+        policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: "turn right", version=1)
+        env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
+        traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_1", "g", 0, horizon=horizon),
+                    format_reward=0.1, format_reward_on="clean", format_reward_per=per)
+        assert traj.num_turns == horizon and traj.metrics["env_reward"] == 0.0
+        totals[per] = float(np.sum(traj.turn_rewards))
+        assert traj.metrics["format_reward"] == pytest.approx(totals[per])
+        np.testing.assert_allclose(traj.turn_rewards, [totals[per] / horizon] * horizon, rtol=1e-6)
+    assert totals == pytest.approx({"turn": 0.1 * horizon, "episode": 0.1})

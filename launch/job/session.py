@@ -104,7 +104,8 @@ class TrainingSession:
             max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_context_tokens=cfg.rollout.max_context_tokens,
             min_tokens_per_turn=cfg.rollout.min_tokens_per_turn, temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p, format_reward=cfg.rollout.format_reward,
-            format_reward_on=cfg.rollout.format_reward_on, instruction_role=cfg.rollout.instruction_role)
+            format_reward_on=cfg.rollout.format_reward_on,
+            format_reward_per=cfg.rollout.format_reward_per, instruction_role=cfg.rollout.instruction_role)
         self.roles = Roles.start(cfg, model_dir, advertised(self.receiver.endpoints), limits,
                                  resume_learner=self.resume_from / "learner" if self.resume_from else None,
                                  keys=self.keys)
