@@ -44,8 +44,8 @@ class RolloutConfig:
     also pays for prose that happens to name an action."""
     format_reward_per: str = spec("turn", choices=("turn", "episode"))
     """`turn`: every paid turn earns format_reward, so an episode's total grows with its length (a policy can
-    earn it by stalling on valid actions until the horizon); `episode`: each paid turn earns format_reward / the
-    episode's turns, so the total is at most format_reward, whatever the length."""
+    earn it by stalling on valid actions until the horizon); `episode`: each paid turn earns format_reward /
+    the episode's turns, so the total is at most format_reward, whatever the length."""
 
     def validate(self) -> list[tuple[str, str]]:
         if self.min_tokens_per_turn > self.max_tokens_per_turn:

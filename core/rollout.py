@@ -55,7 +55,7 @@ class EpisodeLimits:
     top_p: float = 1.0
     format_reward: float = 0.0  # added to a turn's reward when the env judged its action valid (not unknown)
     format_reward_on: str = "valid"  # or "clean": only when the reply kept to the format (rule strict or exact)
-    format_reward_per: str = "turn"  # or "episode": the episode's total is format_reward x its paid turns' share
+    format_reward_per: str = "turn"  # or "episode": an episode earns format_reward x its paid turns' share
     instruction_role: str = "system"
     reset_timeout_s: float = 120.0
     step_timeout_s: float = 60.0
@@ -194,9 +194,10 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     )
 
 
-def _spread_format_reward(turn_rewards: list[float], turn_shaped: list[float], turns: int, metrics: dict) -> None:
-    """Scale each turn's format reward by 1/turns, so an episode earns at most format_reward in all: paid per
-    turn, a longer episode earns more, and at a long horizon six valid no-ops outearn a quick success's share."""
+def _spread_format_reward(turn_rewards: list[float], turn_shaped: list[float], turns: int,
+                          metrics: dict) -> None:
+    """Scale each turn's format reward by 1/turns, so an episode earns at most format_reward in all (paid per
+    turn, a longer episode earns more: at a long horizon, stalling on valid actions pays)."""
     for i, shaped in enumerate(turn_shaped):  # turn i's entry (a timed-out last turn has none: it earned 0)
         turn_rewards[i] -= shaped - shaped / turns
     metrics["format_reward"] = sum(turn_shaped) / turns
