@@ -139,22 +139,42 @@ def test_a_run_reuses_its_untrained_rows_only_when_measured_on_the_same_items(tm
     rows, notes = rows_of([], tmp_path / "checkpoints" / "step_00000002")  # resumed, nothing measured
     assert rows == {"eval": None} and "no untrained row" in notes[0]
     # what a fresh start measured, as it stores it
-    import dataclasses
-
     from core.checkpoint import write_json
-    from launch.eval.runner import eval_limits
+    from launch.eval.runner import measured_on
 
-    cfg = load_config(None, ["eval.limit=3"])
-    measured_on = {"episodes": {"babyai": [dataclasses.astuple(s) for s in eval_specs(cfg, "babyai")]},
-                   "limits": dataclasses.astuple(eval_limits(cfg))}
     (tmp_path / "eval").mkdir()
-    write_json(tmp_path / "eval" / "untrained.json", {"rows": _rows()["untrained"], "measured_on": measured_on})
+    write_json(tmp_path / "eval" / "untrained.json",
+               {"rows": _rows()["untrained"], "measured_on": measured_on(load_config(None, ["eval.limit=3"]))})
     assert rows_of([], tmp_path / "checkpoints" / "step_00000002") == ({"eval": _rows()["untrained"]}, [])
     rows, notes = rows_of(["eval.limit=5"], tmp_path / "checkpoints" / "step_00000002")  # other items
     assert rows == {"eval": None} and notes
     # a second turn limit has rows of its own, in its own folder: those at the first limit are not taken for them
     rows, notes = rows_of(["eval.long_max_turns=20"], tmp_path / "checkpoints" / "step_00000002")
     assert rows == {"eval": _rows()["untrained"], "eval-20-turns": None} and len(notes) == 1
+
+
+def test_saved_untrained_rows_survive_a_limit_added_later_at_its_default_but_not_another_measure():
+    import dataclasses
+    import json
+
+    from launch.eval.runner import eval_limits, measured_on, same_measure
+
+    cfg = load_config(None, ["eval.limit=3"])
+    now = measured_on(cfg)
+    saved = json.loads(json.dumps(now))
+    assert same_measure(saved, now)
+    older = json.loads(json.dumps(now))  # a record written before a field existed: its default stands for it
+    del older["limits"]["format_reward_per"]
+    assert same_measure(older, now)
+    positional = {**older, "limits": list(dataclasses.astuple(eval_limits(cfg)))}  # records of earlier versions
+    assert same_measure(json.loads(json.dumps(positional)), now)
+    assert not same_measure({**saved, "limits": {**saved["limits"], "temperature": 0.7}}, now)
+    assert not same_measure({**saved, "limits": {**saved["limits"], "gone": 1}}, now)  # a field no longer known
+    assert not same_measure({**saved, "limits": saved["limits"] and [1, 2]}, now)  # a list of another length
+    assert not same_measure(measured_on(load_config(None, ["eval.limit=4"])), now)  # other items
+    assert not same_measure(None, now) and not same_measure({}, now)
+    hotter = measured_on(load_config(None, ["eval.limit=3", "eval.temperature=0.5"]))
+    assert not same_measure(saved, hotter)
 
 
 def test_launch_eval_split_flag_evaluates_that_split_even_where_the_config_asks_for_unseen_items():

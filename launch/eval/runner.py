@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -71,6 +72,29 @@ def eval_limits(cfg: RootConfig, random_policy: bool = False) -> EpisodeLimits:
                          max_context_tokens=cfg.rollout.max_context_tokens, temperature=cfg.eval.temperature,
                          top_p=cfg.rollout.top_p if cfg.eval.temperature > 0 else 1.0, format_reward=0.0,
                          instruction_role=cfg.rollout.instruction_role)
+
+
+def measured_on(cfg: RootConfig) -> dict:
+    """What an evaluation's rows were measured on: its episodes and its limits, the limits by field name."""
+    return {"episodes": {f: [dataclasses.astuple(s) for s in eval_specs(cfg, f)] for f in cfg.eval.envs},
+            "limits": dataclasses.asdict(eval_limits(cfg))}
+
+
+def same_measure(saved: Any, now: dict) -> bool:
+    """Whether rows saved with record `saved` were measured as `now` would measure them. A limit the saved record
+    lacks counts as its field's default, so a field added later, at a default that keeps the old behaviour, leaves
+    the saved rows valid; an older record's limits, a positional list of as many fields as now, are read by name."""
+    if not isinstance(saved, dict) or set(saved) != {"episodes", "limits"}:
+        return False
+    now = json.loads(json.dumps(now))  # as saved: tuples become lists
+    limits = saved["limits"]
+    if isinstance(limits, list) and len(limits) == len(now["limits"]):
+        limits = dict(zip(now["limits"], limits))
+    if not isinstance(limits, dict) or not set(limits) <= set(now["limits"]):
+        return False
+    defaults = {f.name: f.default for f in dataclasses.fields(EpisodeLimits)}
+    return saved["episodes"] == now["episodes"] and all(
+        limits.get(name, defaults[name]) == value for name, value in now["limits"].items())
 
 
 async def run_specs(pools: Any, receiver: TrajectoryReceiver, specs: list[EpisodeSpec],

@@ -157,15 +157,14 @@ class TrainingSession:
         return rows, notes
 
     def _untrained_at(self, cfg: RootConfig, out: Path) -> tuple[list[dict] | None, list[str]]:
-        from launch.eval.runner import eval_limits, eval_specs, evaluate_rows
+        from launch.eval.runner import eval_limits, evaluate_rows, measured_on, same_measure
 
         path = out / "untrained.json"
         # what the rows were measured on: a resumed run with other eval settings cannot reuse them
-        measured_on = {"episodes": {f: [dataclasses.astuple(s) for s in eval_specs(cfg, f)] for f in cfg.eval.envs},
-                       "limits": dataclasses.astuple(eval_limits(cfg))}
+        measure = measured_on(cfg)
         if path.is_file():
             saved = json.loads(path.read_text())
-            if saved.get("measured_on") == json.loads(json.dumps(measured_on)):
+            if same_measure(saved.get("measured_on"), measure):
                 return saved["rows"], []
         if self.resume_from is not None:
             return None, [("no untrained row: the base model was not evaluated on these items before the run's "
@@ -176,7 +175,7 @@ class TrainingSession:
         rows = evaluate_rows(cfg, self.roles.policy, str(self.roles.model_dir), out, list(cfg.eval.envs),
                              eval_limits(cfg), name="eval-base-pool", row="untrained")
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"model": cfg.model.path, "rows": rows, "measured_on": measured_on})
+        write_json(path, {"model": cfg.model.path, "rows": rows, "measured_on": measure})
         return rows, []
 
     def _transport_record(self) -> dict:
