@@ -42,6 +42,7 @@ from core.cpu_features import resolve_cpu_autocast
 from core.curve import CurveServer
 from core.loss import MAX_KEYS, SUM_KEYS, LossSettings, aggregation_weights, decoupled_ppo_loss, finish_stats
 from core.lr_schedule import lr_multiplier
+from core.models import save_policy_folder
 from core.packed_attention import NAME as PACKED_SDPA
 from core.packed_attention import register as register_packed_sdpa
 from core.token_scorer import Scores, TokenScorer, policy_state_names
@@ -362,6 +363,13 @@ class Learner:
     def gather_weights(self) -> list[TensorBytes]:
         """The policy's full weights under their checkpoint names, on rank 0 ([] elsewhere). Collective."""
         return zero_engine.gather_full_weights(self._policy_tensors, self.rank)
+
+    def save_policy(self, folder: str) -> None:
+        """The current policy as a model folder beside the base model's config and tokenizer, written by rank 0
+        where it gathers them: the full weights never travel to the driver. Collective (every rank gathers)."""
+        tensors = self.gather_weights()
+        if self.rank == 0:
+            save_policy_folder(tensors, self.model_path, folder)
 
     def publish_weights(self) -> dict:
         """Gather (every rank) and send the current version to every subscriber (rank 0)."""

@@ -134,6 +134,7 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
     try:
         m_three = [three.train_step(b) for b in batches[:2]]
         w_three = _weights(three.gather_weights())
+        three.save_policy(str(tmp_path / "policy"))  # written by rank 0 from its gathered weights
         three.save_checkpoint(str(tmp_path))
         m_next = three.train_step(batches[2])
         w_next = _weights(three.gather_weights())
@@ -145,6 +146,11 @@ def test_zero3_weights_equal_zero1_and_a_checkpoint_resumes(ray_local, tiny_mode
         three.shutdown()
 
     assert set(w_one) == set(w_three) == set(before)  # lm_head.weight included
+    from core.models import folder_tensors
+
+    saved = _weights(folder_tensors(tmp_path / "policy"))  # the policy folder holds exactly those weights
+    assert set(saved) <= set(w_three) and len(saved) >= len(w_three) - 1  # a tied lm_head.weight may be left out
+    assert all(np.array_equal(saved[k], w_three[k]) for k in saved)
     moved = max(float(np.abs(w_one[k] - before[k]).max()) for k in before)
     assert moved > 1e-3
     print("ZeRO-3 vs ZeRO-1 max abs weight difference:",

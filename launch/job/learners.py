@@ -173,6 +173,10 @@ class LearnerGroup:
         """Per rank: peak resident memory of its process (and peak GPU memory on GPU)."""
         return _all([a.peak_memory_mb.remote() for a in self.actors])
 
+    def save_policy(self, folder: str) -> None:
+        """The current policy as a model folder in `folder` (shared storage across nodes), written by rank 0."""
+        _all([a.save_policy.remote(folder) for a in self.actors])
+
     def save_checkpoint(self, path: str) -> None:
         """Every rank writes its part into `path` (shared storage across nodes)."""
         _all([a.save_checkpoint.remote(path) for a in self.actors])

@@ -267,10 +267,9 @@ class Roles:
         return self.watch.down_names()
 
     def save_policy(self, folder: Path) -> None:
-        """The current policy as a Hugging Face folder (what `launch.eval --model` and generators load)."""
-        from core.models import save_policy_folder
-
-        save_policy_folder(self.learners.gather_weights(), self.model_dir, folder)
+        """The current policy as a Hugging Face folder (what `launch.eval --model` and generators load), written
+        by learner rank 0: the driver never holds the weights (at 7B they would be 15 GB of its memory)."""
+        self.learners.save_policy(str(folder))
 
     def stop(self) -> None:
         self._stop_parts(self.learners, self.generators, self.pools)
