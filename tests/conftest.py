@@ -5,8 +5,8 @@ The suite runs on pytest-xdist workers (`-n auto --dist loadfile` in pyproject.t
 on one worker, so its module fixtures (a vLLM engine, a two-node cluster) are made once. A serial run keeps
 2 cores only half busy (52 % measured): its time goes to waiting on the processes a run starts (Ray, the
 engine, the learner, the env pools). Two workers on 2 cores still left 12 % idle; a worker per core plus one
-fills it. Modules holding a `slow` test are handed out first, the longest first (LONGEST_FIRST), so that no long
-one is left for the end while the other workers idle.
+fills it. Modules holding a `slow` test are handed out first, so that no long one is left for the end while
+the other workers idle.
 """
 from __future__ import annotations
 
@@ -34,28 +34,11 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(cores + 1, MAX_WORKERS, memory))
 
 
-# The slow modules by their time in the suite's runs (`--durations`, .ci/run on 2 cores, 2026-12-06), longest
-# first: a worker given a long module last keeps the suite waiting. A slow module not listed goes after these; a
-# stale order costs only balance.
-LONGEST_FIRST = ("test_ablate_offpolicy", "test_training_run", "test_chaos", "test_ablate", "test_results",
-                 "test_staleness_run", "test_gpu_learner_check", "test_webarena_training", "test_example_env",
-                 "test_two_node_cluster", "test_quiet_terminal", "test_publish_flood", "test_learner",
-                 "test_generation_ray", "test_ray_auth")
-
-
 def pytest_collection_modifyitems(config, items) -> None:
-    """Modules with a `slow` test first, the longest first (longest-first spreads the work best), each module's
-    tests kept together and in order; the rest after them in collection order."""
+    """Modules with a `slow` test first (longest-first spreads the work best), each module's tests kept together
+    and in order; the rest after them in collection order."""
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-
-    def rank(item) -> tuple[int, int]:
-        name = item.module.__name__
-        short = name.rsplit(".", 1)[-1]
-        if name not in slow:
-            return (2, 0)
-        return (0, LONGEST_FIRST.index(short)) if short in LONGEST_FIRST else (1, 0)
-
-    items.sort(key=rank)  # a stable sort: the order within each module, and among the unlisted, is kept
+    items.sort(key=lambda item: item.module.__name__ not in slow)  # a stable sort: order within each kept
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,17 @@
-"""The ablations: the horizon schedules, the off-policy variants, their reading of the numbers, and the horizon
-command end to end on the tiny model, one learner step per variant (each variant trains and evaluates for real;
-the off-policy command's run is in tests/test_ablate_offpolicy.py)."""
+"""The ablations: the horizon schedules, the off-policy variants, their reading of the numbers, and each command
+end to end on the tiny model, one learner step per variant (each variant trains and evaluates for real)."""
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from core.metrics import read_jsonl
 from launch.ablate.horizon import stage_schedule
 from launch.ablate.horizon_report import reading
-from tests.training_runs import ROOT, run_ablation, trained_steps
+from tests.training_runs import ROOT, TINY_RECIPE
 
 
 @pytest.mark.parametrize("short, long, stages, steps, want", [
@@ -92,12 +93,27 @@ def test_the_offpolicy_runs_get_enough_slots_for_eta_and_the_staleness_is_read_b
     assert mean == pytest.approx((300 * (0.25 * 2 + 0.25 * 8)) / 400) and largest == 8
 
 
+def _ablate(kind: str, tiny_model_dir, tmp_path, *options: str) -> tuple[list[str], Path]:
+    report = tmp_path / "results" / f"{kind}.md"
+    cmd = [sys.executable, "-m", "launch.ablate", kind, "--config", str(TINY_RECIPE), "--steps", "1", "--seeds", "0",
+           "--eval-limit", "1", "--runs", str(tmp_path / "runs"), "--report", str(report), *options,
+           f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "env.slots_per_actor=8",
+           "logging.episodes_every=1", "logging.episodes_per_sample=2"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return cmd, report
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "rollout/trained_turns_total" in r]
+
+
 @pytest.mark.slow
 def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_report(tiny_model_dir, tmp_path):
-    cmd, report = run_ablation("horizon", tiny_model_dir, tmp_path, "--short", "2", "--long", "3", "--stages", "2")
+    cmd, report = _ablate("horizon", tiny_model_dir, tmp_path, "--short", "2", "--long", "3", "--stages", "2")
     for variant, want in (("scaling", {2.0}), ("fixed_short", {2.0}), ("fixed_long", {3.0})):
         run_dir = tmp_path / "runs" / f"{variant}-s0"
-        rows = trained_steps(run_dir)
+        rows = _steps(run_dir)
         assert [r["step"] for r in rows] == [1], variant  # equal learner steps: one each
         assert {r["rollout/horizon"] for r in rows} == want, variant
         sample = read_jsonl(run_dir / "episodes.jsonl")  # the training run's transcripts, one sample per step
@@ -116,3 +132,39 @@ def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_r
     assert again.stdout.count("reusing the finished run") == 3 and "training (" not in again.stdout
     tables = lambda page: [line for line in page.split("## Reading")[0].splitlines() if line.startswith("|")]  # noqa
     assert tables(report.read_text()) == tables(text)
+
+
+@pytest.mark.slow
+def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_model_dir, tmp_path):
+    _, report = _ablate("offpolicy", tiny_model_dir, tmp_path, "--eta", "2", "--eval-every", "1")
+    metrics = {v: _steps(tmp_path / "runs" / f"{v}-s0") for v in ("decoupled", "coupled", "sync")}
+    assert all([r["step"] for r in rows] == [1] for rows in metrics.values()), metrics
+    coupled = metrics["coupled"][0]  # no importance weight at all: exactly 1, nothing truncated
+    assert coupled["train/is_weight_mean"] == 1.0 and coupled["train/is_weight_max"] == 1.0
+    assert coupled["train/truncated_frac"] == 0.0
+    text = report.read_text()
+    for needle in ("at eta = 2", "| decoupled (correction on) | 0 | 1 |", "| coupled (correction off) | 0 | 1 |",
+                   "| eta = 0 (sync) | 0 | 1 |", "random policy", "untrained model", "## Reading",
+                   "offpolicy.png", "trainer.max_staleness=2"):
+        assert needle in text, needle
+    assert (report.parent / "offpolicy.png").stat().st_size > 10_000
+    # --eval-every: a checkpoint before the run's last step is evaluated on the same items into curve/step_N (here
+    # the run's metrics are made to go on past its one checkpoint, so that it counts as an earlier one).
+    import argparse
+    import json
+
+    from launch.ablate.runs import evaluate_checkpoints
+    from launch.ablate.horizon_report import unseen_curve
+
+    run_dir = tmp_path / "runs" / "decoupled-s0"
+    assert (run_dir / "checkpoints" / "step_00000001").is_dir() and not (run_dir / "curve").exists()
+    later = {**metrics["decoupled"][0], "step": 2, "perf/step_seconds": 5.0}
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(later) + "\n")
+    args = argparse.Namespace(config=str(TINY_RECIPE), eval_limit=1, overrides=[f"model.path={tiny_model_dir}",
+                              "logging.wandb_mode=disabled", "env.slots_per_actor=8"])
+    evaluate_checkpoints("decoupled-s0", run_dir, args, eval_turns=2)
+    curve = unseen_curve(run_dir)
+    assert [step for step, _, _ in curve] == [1, 2] and curve[0][2]["episodes"] == 1
+    assert curve[1][1] == pytest.approx(curve[0][1] + 5.0)  # wall-clock: the steps' own seconds, summed
+    assert json.loads((run_dir / "curve" / "step_00000001" / "eval_report.json").read_text())["item_set"] == "unseen"

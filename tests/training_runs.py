@@ -75,23 +75,3 @@ def alive(pid: int) -> bool:
             return f.read().split(") ")[-1][0] != "Z"
     except OSError:
         return False
-
-
-def run_ablation(kind: str, tiny_model_dir: Path, tmp_path: Path, *options: str) -> tuple[list[str], Path]:
-    """`python -m launch.ablate KIND` on the tiny model, one learner step per variant, seed 0, one unseen item;
-    returns its command and its report's path."""
-    report = tmp_path / "results" / f"{kind}.md"
-    cmd = [sys.executable, "-m", "launch.ablate", kind, "--config", str(TINY_RECIPE), "--steps", "1", "--seeds", "0",
-           "--eval-limit", "1", "--runs", str(tmp_path / "runs"), "--report", str(report), *options,
-           f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "env.slots_per_actor=8",
-           "logging.episodes_every=1", "logging.episodes_per_sample=2"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return cmd, report
-
-
-def trained_steps(run_dir: Path) -> list[dict]:
-    """The metrics rows of a run's learner steps."""
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "rollout/trained_turns_total" in r]
-
-
