@@ -186,7 +186,8 @@ check_disk() {  # $1: folder, $2: GiB needed, $3: what for
   fi
 }
 if [ "$DRY_RUN" = 0 ]; then
-  check_disk "$VENV" $([ "$FLAVOR" = gpu ] && echo 12 || echo 6) "the $KIND venv"
+  # a venv being completed in place already holds most of its size
+  [ -x "$VENV/bin/python" ] || check_disk "$VENV" $([ "$FLAVOR" = gpu ] && echo 12 || echo 6) "the $KIND venv"
   check_disk "${TMPDIR:-/tmp}" 2 "pip's unpacking"
 fi
 [ -x "$VENV/bin/python" ] || run_ "$PY" -m venv "$VENV"
