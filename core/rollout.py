@@ -13,6 +13,11 @@ What must hold:
 - A reply the generator cut without finishing it (finish reason `abort`: shutdown) is not appended and the
   episode ends `aborted`; the generator's own abort-and-continue on a weight update never surfaces here.
 - When the episode ends, however it ends, the policy's optional `end_session` is told (core/policy.py).
+- With `resample_repeats` > 0 (evaluation only), a reply the episode already gave to the same observation is
+  sampled again, at `resample_temperature`, up to that many times, until one differs: in a deterministic env the
+  same reply to the same observation has the same effect, so a greedy policy that got nowhere with it would
+  otherwise repeat it until the turn limit. Not for training: the replies it rejects make the behaviour policy
+  differ from the one whose logprobs the record holds.
 - The format reward is paid only for a turn the env judged valid (`valid_action is True`); a turn whose
   validity the env cannot tell (None) earns none. Metrics count `valid_actions` (accepted) and `judged_turns`
   (turns with a known verdict, accepted or not), so the valid-action fraction covers judged turns only.
@@ -22,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from core.chat import ChatFormat
 from core.env import Env
-from core.policy import END_SESSION, GenerationRequest, Policy, PolicyLost
+from core.policy import END_SESSION, GenerationRequest, GenerationResult, Policy, PolicyLost
 from core.trajectory import (
     LOGPROB_DTYPE, MASK_DTYPE, MAX_ACTION_CHARS, NO_VERSION, TOKEN_DTYPE, VERSION_DTYPE, Termination, Trajectory,
 )
@@ -57,6 +62,8 @@ class EpisodeLimits:
     format_reward_on: str = "valid"  # or "clean": only when the reply kept to the format (rule strict or exact)
     format_reward_per: str = "turn"  # or "episode": an episode earns format_reward x its paid turns' share
     instruction_role: str = "system"
+    resample_repeats: int = 0  # evaluation only: tries at a reply not already given to the same observation
+    resample_temperature: float = 1.0
     reset_timeout_s: float = 120.0
     step_timeout_s: float = 60.0
 
@@ -93,6 +100,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     turn_shaped: list[float] = []  # the format reward inside each entry of turn_rewards
     metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "judged_turns": 0.0,
                "success": 0.0, "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
+    given: dict[str, set[str]] = {}  # observation -> the replies given to it so far (limits.resample_repeats)
     termination = Termination.HORIZON
     started = time.monotonic()
     try:
@@ -100,6 +108,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
         obs = await asyncio.wait_for(env.reset(spec.item_id), limits.reset_timeout_s)
         metrics["env_seconds"] += time.monotonic() - t0
         b.context(chat.start(obs.instruction, obs.text, limits.instruction_role))
+        seen = obs.text  # the observation the next reply answers
         for turn in range(spec.horizon):
             closing = len(chat.closing(False))
             room = limits.max_context_tokens - len(b.tokens) - closing
@@ -108,11 +117,15 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
                 break
             t0 = time.monotonic()
             try:
-                gen = await policy.generate(GenerationRequest(
+                request = GenerationRequest(
                     prompt_ids=list(b.tokens), max_tokens=min(limits.max_tokens_per_turn, room),
                     min_tokens=min(limits.min_tokens_per_turn, limits.max_tokens_per_turn, room),
                     session_id=spec.trajectory_id, temperature=limits.temperature, top_p=limits.top_p,
-                    item_id=spec.item_id, sample_index=spec.sample_index, priority=spec.priority))
+                    item_id=spec.item_id, sample_index=spec.sample_index, priority=spec.priority)
+                gen = await policy.generate(request)
+                if limits.resample_repeats:
+                    gen = await _unrepeated(policy, request, gen, given.setdefault(seen, set()), chat, limits,
+                                            metrics)
             except PolicyLost:  # its replica died (logged once by the policy client): regenerated, not trained
                 termination = Termination.LOST
                 break
@@ -166,6 +179,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
                 break
             if turn == spec.horizon - 1:
                 break  # horizon: no reply would follow this observation, so it is not appended
+            seen = step.observation
             user = chat.user_turn(step.observation)
             if len(b.tokens) + len(user) + 1 + closing > limits.max_context_tokens:
                 termination = Termination.CONTEXT
@@ -192,6 +206,26 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
         turn_ends=np.asarray(turn_ends, TOKEN_DTYPE), turn_rewards=np.asarray(turn_rewards, LOGPROB_DTYPE),
         metrics=metrics, turn_actions=turn_actions,
     )
+
+
+async def _unrepeated(policy: Policy, request: GenerationRequest, gen: GenerationResult, given: set[str],
+                      chat: ChatFormat, limits: EpisodeLimits, metrics: dict) -> GenerationResult:
+    """`gen`, or when the episode already gave that reply (case and surrounding space aside) to the same
+    observation, a new sample at limits.resample_temperature, up to limits.resample_repeats times until one
+    differs (the last one is kept either way). Counts the turns resampled and the samples drawn in `metrics`."""
+    def text(g: GenerationResult) -> str:
+        return chat.tok.decode(g.token_ids, skip_special_tokens=True).strip().lower()
+
+    again = replace(request, temperature=limits.resample_temperature, top_p=1.0)
+    tries = 0
+    while tries < limits.resample_repeats and gen.token_ids and gen.finish_reason != "abort" and text(gen) in given:
+        gen = await policy.generate(again)
+        tries += 1
+    if tries:
+        metrics["resampled_turns"] = metrics.get("resampled_turns", 0.0) + 1
+        metrics["resamples"] = metrics.get("resamples", 0.0) + tries
+    given.add(text(gen))
+    return gen
 
 
 def _spread_format_reward(turn_rewards: list[float], turn_shaped: list[float], turns: int,

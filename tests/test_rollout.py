@@ -228,3 +228,67 @@ def test_format_reward_per_episode_does_not_grow_with_the_episode(tiny_tokenizer
         assert traj.metrics["format_reward"] == pytest.approx(totals[per])
         np.testing.assert_allclose(traj.turn_rewards, [totals[per] / horizon] * horizon, rtol=1e-6)
     assert totals == pytest.approx({"turn": 0.1 * horizon, "episode": 0.1})
+
+
+class _GreedyLoop(ScriptedPolicy):
+    """Greedy (temperature 0) it always says `stuck`; sampled, it says the next of `sampled` in turn."""
+
+    def __init__(self, tokenizer, sampled: list[str]):
+        self.sampled = list(sampled)
+        self.temperatures: list[float] = []
+        super().__init__(tokenizer, self._choose)
+
+    def _choose(self, conversation: str) -> str:
+        t = self.temperatures[-1]
+        return "stuck" if t == 0 else self.sampled.pop(0)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.temperatures.append(request.temperature)
+        return await super().generate(request)
+
+
+class _Wall(Env):
+    """`go` wins; anything else leaves the observation as it was (a no-op, as a repeated BabyAI `drop` is)."""
+
+    family = "toy"
+
+    async def reset(self, item_id: str) -> Observation:
+        return Observation(text="a wall ahead", instruction="Act.")
+
+    async def step(self, text: str) -> StepResult:
+        won = text.strip() == "go"
+        return StepResult(observation="a wall ahead", reward=1.0 if won else 0.0, done=won, valid_action=None,
+                          parse_rule="", success=won)
+
+
+def test_a_greedy_repeat_at_the_same_observation_is_sampled_again(tiny_tokenizer):
+    """Off (the default), the greedy policy says `stuck` to the same observation until the turn limit. On, its
+    second `stuck` there is sampled again at resample_temperature until the reply differs (`STUCK ` is the same
+    reply: case and space aside), and the episode goes on to win."""
+    off = _run(_Wall(), _GreedyLoop(tiny_tokenizer, []), tiny_tokenizer, _spec(horizon=6), temperature=0.0)
+    assert off.termination is Termination.HORIZON and off.metrics["success"] == 0.0
+    assert "resampled_turns" not in off.metrics
+
+    policy = _GreedyLoop(tiny_tokenizer, ["STUCK ", "go"])
+    on = _run(_Wall(), policy, tiny_tokenizer, _spec(horizon=6), temperature=0.0, resample_repeats=3,
+              resample_temperature=0.7)
+    assert on.termination is Termination.DONE and on.metrics["success"] == 1.0 and on.num_turns == 2
+    assert policy.temperatures == [0.0, 0.0, 0.7, 0.7]
+    assert on.metrics["resampled_turns"] == 1.0 and on.metrics["resamples"] == 2.0
+
+
+def test_resampling_stops_after_its_tries_and_keeps_the_last_reply(tiny_tokenizer):
+    policy = _GreedyLoop(tiny_tokenizer, ["stuck"] * 2 + ["stuck"] * 2)
+    traj = _run(_Wall(), policy, tiny_tokenizer, _spec(horizon=3), temperature=0.0, resample_repeats=2)
+    assert traj.termination is Termination.HORIZON and traj.num_turns == 3
+    assert policy.temperatures == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    assert traj.metrics["resampled_turns"] == 2.0 and traj.metrics["resamples"] == 4.0
+
+
+def test_the_random_policy_is_never_resampled():
+    from configs.load import load_config
+    from launch.eval.runner import eval_limits
+
+    cfg = load_config("configs/default.yaml", ["eval.resample_repeats=4", "eval.resample_temperature=0.5"])
+    assert eval_limits(cfg).resample_repeats == 4 and eval_limits(cfg).resample_temperature == 0.5
+    assert eval_limits(cfg, random_policy=True).resample_repeats == 0

@@ -48,6 +48,8 @@ def summarize(family: str, trajs: list[Trajectory], lost: int = 0) -> dict:
                 "score": sum(score) / n, "score_ci": list(wilson_interval(sum(score), n)),
                 "raw_score": sum(raw) / n, "turns": sum(t.num_turns for t in group) / n,
                 "valid_action_frac": valid_action_frac(group),  # over judged turns; None: none judged
+                "resampled_turn_frac": sum(t.metrics.get("resampled_turns", 0.0) for t in group)
+                / max(1, sum(t.num_turns for t in group)),  # eval.resample_repeats: turns whose reply was resampled
                 "pass_at_k": sum(max(v) for v in items.values()) / len(items),
                 "terminations": dict(collections.Counter(t.termination.value for t in group))}
 
@@ -77,10 +79,19 @@ def _by_family(report: dict) -> dict[str, dict[str, dict]]:
     return out
 
 
+def decoding(report: dict) -> str:
+    """How the model rows chose their replies: the temperature, and the resampling of repeats when it was on."""
+    text = f"temperature {report['temperature']}"
+    if report.get("resample_repeats"):
+        text += (f"; a reply the model already gave to the same observation sampled again, up to "
+                 f"{report['resample_repeats']} times at temperature {report['resample_temperature']} (model rows)")
+    return text
+
+
 def summary(report: dict) -> str:
     """A few lines for the terminal: per family, each row's success rate with its interval."""
-    lines = [f"evaluation ({report['items']}, {report['samples']} sample(s) per item, temperature "
-             f"{report['temperature']}, {report['minutes']:.1f} min):"]
+    lines = [f"evaluation ({report['items']}, {report['samples']} sample(s) per item, {decoding(report)}, "
+             f"{report['minutes']:.1f} min):"]
     for family, rows in _by_family(report).items():
         shown = [f"{name} {_with_ci(r, 'success_rate')}" for name, r in rows.items() if r["episodes"]]
         if shown:
@@ -114,8 +125,8 @@ def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
     json_path = out_dir / "eval_report.json"
     json_path.write_text(json.dumps(report, indent=1, sort_keys=True))
     lines = [f"# Evaluation: {report['model']}", "",
-             f"{report['items']}, {report['samples']} sample(s) per item, temperature "
-             f"{report['temperature']}, {report['minutes']:.1f} min", "",
+             f"{report['items']}, {report['samples']} sample(s) per item, {decoding(report)}, "
+             f"{report['minutes']:.1f} min", "",
              "Rows, on the same items: " + "; ".join(f"`{name}`: {report['policies'][name]}"
                                                      for name in ROWS if name in report["rows"]) + ".", "",
              "| env | policy | episodes | success rate [95% CI] | score [0,1] [95% CI] | raw score | turns | "

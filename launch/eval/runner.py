@@ -71,7 +71,9 @@ def eval_limits(cfg: RootConfig, random_policy: bool = False) -> EpisodeLimits:
     return EpisodeLimits(max_tokens_per_turn=max(tokens, RANDOM_MIN_TOKENS_PER_TURN) if random_policy else tokens,
                          max_context_tokens=cfg.rollout.max_context_tokens, temperature=cfg.eval.temperature,
                          top_p=cfg.rollout.top_p if cfg.eval.temperature > 0 else 1.0, format_reward=0.0,
-                         instruction_role=cfg.rollout.instruction_role)
+                         instruction_role=cfg.rollout.instruction_role,
+                         resample_repeats=0 if random_policy else cfg.eval.resample_repeats,
+                         resample_temperature=cfg.eval.resample_temperature)
 
 
 def measured_on(cfg: RootConfig) -> dict:
@@ -183,7 +185,9 @@ def finish_report(cfg: RootConfig, rows: dict[str, list[dict]], policies: dict[s
     """Assemble, write and print the report of `rows` (row name -> each family's figures)."""
     report = {"model": policies.get("model") or "random policy", "split": cfg.eval.split,
               "item_set": cfg.eval.item_set, "items": items_description(cfg), "samples": cfg.eval.samples,
-              "temperature": cfg.eval.temperature, "minutes": (time.monotonic() - started) / 60, "rows": rows,
+              "temperature": cfg.eval.temperature, "resample_repeats": cfg.eval.resample_repeats,
+              "resample_temperature": cfg.eval.resample_temperature,
+              "minutes": (time.monotonic() - started) / 60, "rows": rows,
               "policies": policies, "notes": list(notes or []), "skipped": skipped or {}}
     json_path, md_path = write_report(report, out_dir)
     print(summary(report) + f"\nfull report (by level or task): {md_path}")
