@@ -84,6 +84,7 @@ class Coordinator:
         self._episodes: set[asyncio.Task] = set()
         self._arrived: asyncio.Queue | None = None
         self._gen_tokens = 0.0
+        self._training = False  # a step is training: groups the gate allows start meanwhile (_train_admitting)
         self._received = 0
         self._fatal: BaseException | None = None
         self._pump_error: BaseException | None = None
@@ -98,7 +99,8 @@ class Coordinator:
     # -- admission --------------------------------------------------------------------------------------------
 
     def _start_group(self) -> None:
-        step, state = self.state.step, self.state
+        # While a step trains, a group starts as it would once that step is done (its horizon is that step's).
+        step, state = self.state.step + int(self._training), self.state
         if self._regenerate:
             old = self._regenerate.pop(0)
             group_id, item_id, draw = old["group_id"], old["item_id"], old["draw"]
@@ -244,7 +246,7 @@ class Coordinator:
                 if batch is None:
                     continue
                 wait_s = time.monotonic() - waited_since
-                await self._train(batch, wait_s)
+                await self._train_admitting(batch, wait_s)
                 waited_since = time.monotonic()
                 if self.should_checkpoint(self.state.step):
                     await asyncio.to_thread(self.save, self.snapshot())
@@ -263,6 +265,25 @@ class Coordinator:
         """Every generator has `version`: admission may go on, so the loop wakes at once."""
         if self._arrived is not None:
             self._arrived.put_nowait([])
+
+    async def _train_admitting(self, batch: list[GroupInfo], wait_s: float) -> None:
+        """Train `batch` while admission goes on: a group the staleness gate allows starts during the step, not
+        only after it. The gate's version moves when the generators take a published version, which is mostly
+        while the next step trains; admitting only between steps left the generators idle through every step
+        whose batch was complete when it began (with eta = 1, every other step of the 100-step soak)."""
+        self._training = True
+        step = asyncio.ensure_future(self._train(batch, wait_s))
+        try:
+            while not step.done():
+                if not self.stop_requested:
+                    self._admit()
+                await asyncio.wait({step}, timeout=0.5)
+        except BaseException:
+            step.cancel()
+            raise
+        finally:
+            self._training = False
+        await step
 
     async def _train(self, batch: list[GroupInfo], wait_s: float) -> None:
         trajs = [t for g in batch for t in sorted(g.samples, key=lambda t: t.sample_index)]

@@ -1,9 +1,11 @@
 """Batches in completion order (the default) or in the order groups started (`trainer.batch_order=submission`):
-the coordinator's batch choice with groups that complete out of order, a discarded group, and a stale one."""
+the coordinator's batch choice with groups that complete out of order, a discarded group, and a stale one; and
+groups that start while a step trains."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import types
 
 import pytest
 
@@ -129,3 +131,50 @@ def test_episodes_carry_their_groups_start_order_as_priority_and_regenerated_gro
     for spec in coord.pools.specs:
         by_group.setdefault(spec.group_id, set()).add(spec.priority)
     assert [sorted(p) for p in by_group.values()] == [[0], [5], [6]]  # one priority per group, in start order
+
+
+def _training_coordinator(stop: bool = False) -> tuple[Coordinator, list[int]]:
+    """Step 2 of an eta = 1 run is about to train, with batches 1 and 2 started (4 groups of B = 2) and version 1
+    taken by the generators: the gate allows batch 3 now. The learner's step is a 1 s stand-in that records how
+    many groups had started by its end; the pools hold every episode (admission is under test)."""
+    coord = coordinator("submission", eta=1)
+    coord.total_steps, coord.pools = 5, _HeldPools()
+    coord.schedule = HorizonSchedule((2, 4), (2,))  # 2 turns for steps 1 and 2, then 4
+    coord.weights = types.SimpleNamespace(served=1)
+    coord.gate.started, coord.state.step, coord.stop_requested = 4, 1, stop
+    seen = []
+
+    async def train(batch, wait_s):
+        await asyncio.sleep(1.0)
+        seen.append(coord.gate.started)
+        coord.state.step += 1
+
+    coord._train = train
+    return coord, seen
+
+
+def _train_step(coord: Coordinator) -> None:
+    async def step():
+        await coord._train_admitting([], 0.0)
+        for task in list(coord._episodes):
+            task.cancel()
+        await asyncio.gather(*coord._episodes, return_exceptions=True)
+
+    asyncio.run(step())
+
+
+def test_groups_the_gate_allows_start_while_a_step_trains():
+    """Batch 3 starts during step 2, not after it (before, the generators sampled nothing through such a step:
+    every other step of the 100-step soak), with the horizon the schedule gives after step 2."""
+    coord, seen = _training_coordinator()
+    started = []
+    coord.on_group_started = started.append
+    _train_step(coord)
+    assert seen == [6] and [g.started_step for g in started] == [2, 2]
+    assert {s.horizon for s in coord.pools.specs} == {4}
+
+
+def test_no_group_starts_during_a_step_once_the_run_is_asked_to_stop():
+    coord, seen = _training_coordinator(stop=True)
+    _train_step(coord)
+    assert seen == [4] and coord.pools.specs == []
