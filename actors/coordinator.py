@@ -84,7 +84,7 @@ class Coordinator:
         self._episodes: set[asyncio.Task] = set()
         self._arrived: asyncio.Queue | None = None
         self._gen_tokens = 0.0
-        self._training = False  # a step is training: groups the gate allows start meanwhile (_train_admitting)
+        self._training = False  # a step is training: groups the gate allows start meanwhile
         self._received = 0
         self._fatal: BaseException | None = None
         self._pump_error: BaseException | None = None
@@ -267,10 +267,10 @@ class Coordinator:
             self._arrived.put_nowait([])
 
     async def _train_admitting(self, batch: list[GroupInfo], wait_s: float) -> None:
-        """Train `batch` while admission goes on: a group the staleness gate allows starts during the step, not
-        only after it. The gate's version moves when the generators take a published version, which is mostly
-        while the next step trains; admitting only between steps left the generators idle through every step
-        whose batch was complete when it began (with eta = 1, every other step of the 100-step soak)."""
+        """Train `batch` while admission goes on: a group the staleness gate allows starts during the step,
+        not only after it. The gate's version moves when the generators take a published version, which is
+        mostly while the next step trains; admitting only between steps left the generators idle through every
+        step whose batch was complete when it began (with eta = 1, every other step of the 100-step soak)."""
         self._training = True
         step = asyncio.ensure_future(self._train(batch, wait_s))
         try:

@@ -187,10 +187,11 @@ class EvalConfig:
     temperature: float = spec(0.0, ge=0)
     """0 is greedy."""
     resample_repeats: int = spec(0, ge=0)
-    """When the model's reply to an observation repeats one it already gave to the same observation in the episode,
-    sample again at eval.resample_temperature, up to this many times, until one differs (0: off). In a
-    deterministic env the same reply to the same observation does the same thing, so a greedy agent that got
-    nowhere with it would repeat it to the turn limit. Model rows only: the random policy is left as it is."""
+    """When the model's reply to an observation repeats one it already gave to the same observation in the
+    episode, sample again at eval.resample_temperature, up to this many times, until one differs (0: off).
+    In a deterministic env the same reply to the same observation does the same thing, so a greedy agent that
+    got nowhere with it would repeat it to the turn limit. Model rows only: the random policy is left as it
+    is."""
     resample_temperature: float = spec(1.0, gt=0)
     """The temperature of those samples (eval.resample_repeats)."""
     max_turns: int = spec(0, ge=0)

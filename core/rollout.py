@@ -14,10 +14,10 @@ What must hold:
   episode ends `aborted`; the generator's own abort-and-continue on a weight update never surfaces here.
 - When the episode ends, however it ends, the policy's optional `end_session` is told (core/policy.py).
 - With `resample_repeats` > 0 (evaluation only), a reply the episode already gave to the same observation is
-  sampled again, at `resample_temperature`, up to that many times, until one differs: in a deterministic env the
-  same reply to the same observation has the same effect, so a greedy policy that got nowhere with it would
-  otherwise repeat it until the turn limit. Not for training: the replies it rejects make the behaviour policy
-  differ from the one whose logprobs the record holds.
+  sampled again, at `resample_temperature`, up to that many times, until one differs: in a deterministic env
+  the same reply to the same observation has the same effect, so a greedy policy that got nowhere with it
+  would otherwise repeat it until the turn limit. Not for training: the replies it rejects make the behaviour
+  policy differ from the one whose logprobs the record holds.
 - The format reward is paid only for a turn the env judged valid (`valid_action is True`); a turn whose
   validity the env cannot tell (None) earns none. Metrics count `valid_actions` (accepted) and `judged_turns`
   (turns with a known verdict, accepted or not), so the valid-action fraction covers judged turns only.
@@ -212,13 +212,15 @@ async def _unrepeated(policy: Policy, request: GenerationRequest, gen: Generatio
                       chat: ChatFormat, limits: EpisodeLimits, metrics: dict) -> GenerationResult:
     """`gen`, or when the episode already gave that reply (case and surrounding space aside) to the same
     observation, a new sample at limits.resample_temperature, up to limits.resample_repeats times until one
-    differs (the last one is kept either way). Counts the turns resampled and the samples drawn in `metrics`."""
+    differs (the last one is kept either way). Counts the turns resampled and the samples drawn in
+    `metrics`."""
     def text(g: GenerationResult) -> str:
         return chat.tok.decode(g.token_ids, skip_special_tokens=True).strip().lower()
 
     again = replace(request, temperature=limits.resample_temperature, top_p=1.0)
     tries = 0
-    while tries < limits.resample_repeats and gen.token_ids and gen.finish_reason != "abort" and text(gen) in given:
+    while (tries < limits.resample_repeats and gen.token_ids and gen.finish_reason != "abort"
+           and text(gen) in given):
         gen = await policy.generate(again)
         tries += 1
     if tries:

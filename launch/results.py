@@ -194,8 +194,8 @@ def default(argv: list[str]) -> int:
            "another run)." if borrowed else "(start-up, the untrained model's evaluations before the first "
            "step and the final ones included)."), "",
         "![reward, success rate and valid-action fraction per step](training.png)", "",
-        f"Evaluation of the final checkpoint ({decoding(long_report)}) on {items}, beside the untrained model and "
-        "a policy that picks "
+        f"Evaluation of the final checkpoint ({decoding(long_report)}) on {items}, beside the untrained "
+        "model and a policy that picks "
         "a uniformly random available action, on the same items. Success rate [95% Wilson interval]."
         + (f" The untrained model's rows are those measured by the run in `{args.untrained_from}` (greedy, "
            "the same items and limits; the training seed does not enter them)." if borrowed else ""), "",

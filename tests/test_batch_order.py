@@ -134,9 +134,9 @@ def test_episodes_carry_their_groups_start_order_as_priority_and_regenerated_gro
 
 
 def _training_coordinator(stop: bool = False) -> tuple[Coordinator, list[int]]:
-    """Step 2 of an eta = 1 run is about to train, with batches 1 and 2 started (4 groups of B = 2) and version 1
-    taken by the generators: the gate allows batch 3 now. The learner's step is a 1 s stand-in that records how
-    many groups had started by its end; the pools hold every episode (admission is under test)."""
+    """Step 2 of an eta = 1 run is about to train, with batches 1 and 2 started (4 groups of B = 2) and
+    version 1 taken by the generators: the gate allows batch 3 now. The learner's step is a 1 s stand-in that
+    records how many groups had started by its end; the pools hold every episode (admission is under test)."""
     coord = coordinator("submission", eta=1)
     coord.total_steps, coord.pools = 5, _HeldPools()
     coord.schedule = HorizonSchedule((2, 4), (2,))  # 2 turns for steps 1 and 2, then 4

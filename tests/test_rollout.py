@@ -262,9 +262,9 @@ class _Wall(Env):
 
 
 def test_a_greedy_repeat_at_the_same_observation_is_sampled_again(tiny_tokenizer):
-    """Off (the default), the greedy policy says `stuck` to the same observation until the turn limit. On, its
-    second `stuck` there is sampled again at resample_temperature until the reply differs (`STUCK ` is the same
-    reply: case and space aside), and the episode goes on to win."""
+    """Off (the default), the greedy policy says `stuck` to the same observation until the turn limit. On,
+    its second `stuck` there is sampled again at resample_temperature until the reply differs (`STUCK ` is
+    the same reply: case and space aside), and the episode goes on to win."""
     off = _run(_Wall(), _GreedyLoop(tiny_tokenizer, []), tiny_tokenizer, _spec(horizon=6), temperature=0.0)
     assert off.termination is Termination.HORIZON and off.metrics["success"] == 0.0
     assert "resampled_turns" not in off.metrics

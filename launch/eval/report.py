@@ -48,8 +48,9 @@ def summarize(family: str, trajs: list[Trajectory], lost: int = 0) -> dict:
                 "score": sum(score) / n, "score_ci": list(wilson_interval(sum(score), n)),
                 "raw_score": sum(raw) / n, "turns": sum(t.num_turns for t in group) / n,
                 "valid_action_frac": valid_action_frac(group),  # over judged turns; None: none judged
+                # eval.resample_repeats: the share of turns whose reply was sampled again
                 "resampled_turn_frac": sum(t.metrics.get("resampled_turns", 0.0) for t in group)
-                / max(1, sum(t.num_turns for t in group)),  # eval.resample_repeats: turns whose reply was resampled
+                / max(1, sum(t.num_turns for t in group)),
                 "pass_at_k": sum(max(v) for v in items.values()) / len(items),
                 "terminations": dict(collections.Counter(t.termination.value for t in group))}
 
@@ -80,11 +81,12 @@ def _by_family(report: dict) -> dict[str, dict[str, dict]]:
 
 
 def decoding(report: dict) -> str:
-    """How the model rows chose their replies: the temperature, and the resampling of repeats when it was on."""
+    """How the model rows chose their replies: the temperature, and the resampling of repeats if it was on."""
     text = f"temperature {report['temperature']}"
     if report.get("resample_repeats"):
         text += (f"; a reply the model already gave to the same observation sampled again, up to "
-                 f"{report['resample_repeats']} times at temperature {report['resample_temperature']} (model rows)")
+                 f"{report['resample_repeats']} times at temperature {report['resample_temperature']} "
+                 "(model rows)")
     return text
 
 
