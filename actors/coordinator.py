@@ -63,7 +63,7 @@ class Coordinator:
                  health: Callable[[], str] | None = None, health_every_s: float = 5.0,
                  needs_republish: Callable[[], bool] | None = None, episode_watch: EpisodeWatch | None = None,
                  max_trained_turns: int = 0, batch_order: str = "completion",
-                 down: Callable[[], Sequence[str]] = lambda: ()):
+                 down: Callable[[], Sequence[str]] = lambda: (), admit_during_step: bool = True):
         """`health()` names a broken role's channel ("" when all is well); it is asked every `health_every_s`,
         also while weight acks are awaited, and a non-empty answer stops the run with that cause;
         `needs_republish()` (asked after it) asks for the current weights to be published again, for a
@@ -73,6 +73,7 @@ class Coordinator:
         self.sampler, self.gate, self.schedule = sampler, gate, schedule
         self.group_size, self.total_steps, self.max_in_flight = group_size, total_steps, max_in_flight
         self.max_trained_turns = max_trained_turns  # 0: no budget of trained turns
+        self.admit_during_step = admit_during_step  # trainer.admit_during_step
         self.on_step, self.should_checkpoint, self.save = on_step, should_checkpoint, save
         self.state = state or RunState()
         self.on_group_started = on_group_started
@@ -246,7 +247,7 @@ class Coordinator:
                 if batch is None:
                     continue
                 wait_s = time.monotonic() - waited_since
-                await self._train_admitting(batch, wait_s)
+                await self._run_step(batch, wait_s)
                 waited_since = time.monotonic()
                 if self.should_checkpoint(self.state.step):
                     await asyncio.to_thread(self.save, self.snapshot())
@@ -266,11 +267,15 @@ class Coordinator:
         if self._arrived is not None:
             self._arrived.put_nowait([])
 
-    async def _train_admitting(self, batch: list[GroupInfo], wait_s: float) -> None:
-        """Train `batch` while admission goes on: a group the staleness gate allows starts during the step,
-        not only after it. The gate's version moves when the generators take a published version, which is
-        mostly while the next step trains; admitting only between steps left the generators idle through every
-        step whose batch was complete when it began (with eta = 1, every other step of the 100-step soak)."""
+    async def _run_step(self, batch: list[GroupInfo], wait_s: float) -> None:
+        """Train `batch`; with admit_during_step, admission goes on meanwhile: a group the staleness gate allows
+        starts during the step, not only after it. The gate's version moves when the generators take a
+        published version, which is mostly while the next step trains; admitting only between steps leaves the
+        generators idle through every step whose batch was complete when it began (with eta = 1, every other
+        step of the 100-step soak)."""
+        if not self.admit_during_step:
+            await self._train(batch, wait_s)
+            return
         self._training = True
         step = asyncio.ensure_future(self._train(batch, wait_s))
         try:

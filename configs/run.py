@@ -20,6 +20,12 @@ class TrainerConfig:
     beyond its batch); `submission`, the next `groups_per_step` in the order they started, whatever their
     lengths (batches independent of timing, so runs with different eta train the same batches; a long episode
     never goes stale, at the cost of waiting for it)."""
+    admit_during_step: bool = spec(True)
+    """Start the groups the staleness gate allows while a step trains, not only between steps. The gate's
+    version moves when the generators take a published version, mostly during the next step, so with false a
+    step whose batch is complete at its start trains with the generators idle (with eta = 1, every other
+    step). false suits a learner that takes the generators' cores while it trains (the 2-core default: a
+    learner on both cores, slowed by a generator running beside it)."""
     seed: int = spec(0, ge=0)
     """Seed of the item sampler and everything the coordinator draws."""
     output_dir: str = spec("outputs/run")

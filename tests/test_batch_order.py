@@ -133,12 +133,12 @@ def test_episodes_carry_their_groups_start_order_as_priority_and_regenerated_gro
     assert [sorted(p) for p in by_group.values()] == [[0], [5], [6]]  # one priority per group, in start order
 
 
-def _training_coordinator(stop: bool = False) -> tuple[Coordinator, list[int]]:
+def _training_coordinator(stop: bool = False, during: bool = True) -> tuple[Coordinator, list[int]]:
     """Step 2 of an eta = 1 run is about to train, with batches 1 and 2 started (4 groups of B = 2) and
     version 1 taken by the generators: the gate allows batch 3 now. The learner's step is a 1 s stand-in that
     records how many groups had started by its end; the pools hold every episode (admission is under test)."""
     coord = coordinator("submission", eta=1)
-    coord.total_steps, coord.pools = 5, _HeldPools()
+    coord.total_steps, coord.pools, coord.admit_during_step = 5, _HeldPools(), during
     coord.schedule = HorizonSchedule((2, 4), (2,))  # 2 turns for steps 1 and 2, then 4
     coord.weights = types.SimpleNamespace(served=1)
     coord.gate.started, coord.state.step, coord.stop_requested = 4, 1, stop
@@ -155,7 +155,7 @@ def _training_coordinator(stop: bool = False) -> tuple[Coordinator, list[int]]:
 
 def _train_step(coord: Coordinator) -> None:
     async def step():
-        await coord._train_admitting([], 0.0)
+        await coord._run_step([], 0.0)
         for task in list(coord._episodes):
             task.cancel()
         await asyncio.gather(*coord._episodes, return_exceptions=True)
@@ -176,5 +176,13 @@ def test_groups_the_gate_allows_start_while_a_step_trains():
 
 def test_no_group_starts_during_a_step_once_the_run_is_asked_to_stop():
     coord, seen = _training_coordinator(stop=True)
+    _train_step(coord)
+    assert seen == [4] and coord.pools.specs == []
+
+
+def test_with_admit_during_step_off_groups_start_only_between_steps():
+    """trainer.admit_during_step=false (the 2-core default): the step trains with the generators idle; the
+    groups the gate allows start at the loop's next turn."""
+    coord, seen = _training_coordinator(during=False)
     _train_step(coord)
     assert seen == [4] and coord.pools.specs == []

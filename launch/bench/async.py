@@ -98,6 +98,9 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path, see
         f"trainer.total_steps={steps}", f"trainer.seed={seed}",
         f"trainer.groups_per_step={groups}", f"rollout.group_size={args.group_size}",
         f"trainer.max_staleness={eta}", "trainer.batch_order=submission", f"learner.lr={args.lr}",
+        # groups start while a step trains: async's generator has a core of its own (sync, eta 0, has nothing
+        # to start then); the default config turns it off for its learner on both cores
+        "trainer.admit_during_step=true",
         f"rollout.max_tokens_per_turn={args.tokens_per_turn}", f"rollout.min_tokens_per_turn={args.tokens_per_turn}",
         "env.families={workload: environments.examples.workload}", "env.mix={workload: 1}",
         f"env.options={{workload: {{turns: {turns}, long_tail: {str(long_tail).lower()}, seed: {seed}}}}}",

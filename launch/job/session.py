@@ -137,7 +137,8 @@ class TrainingSession:
             on_group_started=self._on_group_started, health=self.roles.health,
             needs_republish=self.roles.needs_republish, down=self.roles.down_replicas,
             episode_watch=EpisodeWatch(cfg.env.failing_window, cfg.env.failing_frac),
-            max_trained_turns=cfg.trainer.max_trained_turns, batch_order=cfg.trainer.batch_order)
+            max_trained_turns=cfg.trainer.max_trained_turns, batch_order=cfg.trainer.batch_order,
+            admit_during_step=cfg.trainer.admit_during_step)
         if self._stop:
             self.coordinator.stop_requested = True
         self.untrained, self.untrained_notes = self._untrained_rows()
