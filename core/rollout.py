@@ -218,15 +218,15 @@ async def _unrepeated(policy: Policy, request: GenerationRequest, gen: Generatio
         return chat.tok.decode(g.token_ids, skip_special_tokens=True).strip().lower()
 
     again = replace(request, temperature=limits.resample_temperature, top_p=1.0)
-    tries = 0
-    while (tries < limits.resample_repeats and gen.token_ids and gen.finish_reason != "abort"
-           and text(gen) in given):
+    tries, said = 0, text(gen)
+    while (said in given and tries < limits.resample_repeats and gen.token_ids
+           and gen.finish_reason != "abort"):
         gen = await policy.generate(again)
-        tries += 1
+        tries, said = tries + 1, text(gen)
     if tries:
         metrics["resampled_turns"] = metrics.get("resampled_turns", 0.0) + 1
         metrics["resamples"] = metrics.get("resamples", 0.0) + tries
-    given.add(text(gen))
+    given.add(said)
     return gen
 
 
