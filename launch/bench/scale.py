@@ -12,8 +12,8 @@ the learner ranks and the step's logging.
 
 For each number of episodes in flight (the coordinator's groups in flight times the group size) and each number
 of env actors, the run fills the pipeline, waits until as many trajectories as are in flight have arrived (one
-turnover), then measures for `--seconds`, then stops admitting and drains every episode. Each actor gets env slots
-for its share (`env.slots_per_actor` = in flight / actors), so every episode in flight holds a slot. Reported:
+turnover), then measures for `--seconds` (longer, until `--min-episodes` have ended, if asked), then stops
+admitting and drains every episode. Each actor gets env slots for its share (`env.slots_per_actor` = in flight / actors), so every episode in flight holds a slot. Reported:
 - episodes/s (summaries back at the coordinator) and trajectories/s (filed by it);
 - the driver's CPU ms per trajectory (process CPU time of the driver, all its threads, Ray's included), and
   the part of it spent in CPython's cyclic garbage collector (`driver gc ms/traj`; see core/heap.py), and the
@@ -204,7 +204,11 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
         pool_cpu0 = sum(cpu_s(p) for p in pids)
         peak_driver, peak_actors, in_flight_seen = 0, 0, []
         with CollectorClock() as collector:
-            while time.monotonic() - t0 < args.seconds:
+            # the window lasts `--seconds`, and longer (up to `--warmup-s` more) until `--min-episodes` have ended:
+            # a rate over a window in which nothing ended says nothing
+            limit = args.seconds + args.warmup_s
+            while time.monotonic() - t0 < args.seconds or (
+                    pools.completed - done0 < args.min_episodes and time.monotonic() - t0 < limit):
                 await asyncio.sleep(0.5)
                 peak_driver = max(peak_driver, rss_kb(os.getpid()))
                 peak_actors = max(peak_actors, sum(rss_kb(p) for p in pids))
@@ -342,6 +346,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--turns", type=int, default=2, help="turns per episode (the horizon)")
     p.add_argument("--seconds", type=float, default=10.0, help="measuring window per run")
+    p.add_argument("--min-episodes", type=int, default=0,
+                   help="keep measuring past --seconds (up to --warmup-s more) until this many episodes have ended")
     p.add_argument("--warmup-s", type=float, default=150.0, help="at most this long to fill the pipeline")
     p.add_argument("--drain-s", type=float, default=120.0, help="at most this long to drain it")
     p.add_argument("--env-timeout-s", type=float, default=900.0, help="env.step_timeout_s and reset_timeout_s")
