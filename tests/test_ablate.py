@@ -162,8 +162,9 @@ def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_mod
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(later) + "\n")
     args = argparse.Namespace(config=str(TINY_RECIPE), eval_limit=1, overrides=[f"model.path={tiny_model_dir}",
-                              "logging.wandb_mode=disabled", "env.slots_per_actor=8"])
+                              "logging.wandb_mode=disabled", "env.slots_per_actor=8"], keep_checkpoints=False)
     evaluate_checkpoints("decoupled-s0", run_dir, args, eval_turns=2)
+    assert not (run_dir / "checkpoints" / "step_00000001").exists()  # evaluated, then removed
     curve = unseen_curve(run_dir)
     assert [step for step, _, _ in curve] == [1, 2] and curve[0][2]["episodes"] == 1
     assert curve[1][1] == pytest.approx(curve[0][1] + 5.0)  # wall-clock: the steps' own seconds, summed

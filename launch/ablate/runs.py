@@ -31,6 +31,9 @@ def common_arguments(p: argparse.ArgumentParser, runs: str, report: str, seeds: 
     p.add_argument("--reuse", action="store_true",
                    help="keep every run already finished in --runs (its final evaluation written) instead of "
                         "training it again: an interrupted ablation resumes where it stopped")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each --eval-every checkpoint after its evaluation (by default it is removed once "
+                        "evaluated, the run's last one kept: a checkpoint of the default is 2.6 GB)")
     p.add_argument("overrides", nargs="*", help="key=value for every run (e.g. env.babyai.levels=[...])")
 
 
@@ -89,7 +92,9 @@ def train(name: str, overrides: list[str], args: argparse.Namespace, first: bool
 
 def evaluate_checkpoints(name: str, run_dir: Path, args: argparse.Namespace, eval_turns: int) -> None:
     """Evaluate every kept checkpoint before the last step (the run's own final evaluation covers that one) into
-    `<run>/curve/step_N/`, skipping those already evaluated."""
+    `<run>/curve/step_N/`, skipping those already evaluated; then remove it, unless --keep-checkpoints."""
+    import shutil
+
     from core.checkpoint import CheckpointStore
 
     last = max((r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")), default=0)
@@ -98,11 +103,12 @@ def evaluate_checkpoints(name: str, run_dir: Path, args: argparse.Namespace, eva
         if step >= last:
             continue
         out = run_dir / "curve" / f"step_{step:08d}"
-        if (out / "eval_report.json").exists():
-            continue
-        _say(f"{name}: evaluating its checkpoint of step {step}")
-        cmd = [sys.executable, "-m", "launch.eval", "--config", args.config, "--model", str(path),
-               "--out", str(out), *args.overrides, "eval.baselines=false", *eval_overrides(args, eval_turns)]
-        out.mkdir(parents=True, exist_ok=True)
-        _run(cmd, out / "eval.log", f"{name}: the evaluation of step {step}")
+        if not (out / "eval_report.json").exists():
+            _say(f"{name}: evaluating its checkpoint of step {step}")
+            cmd = [sys.executable, "-m", "launch.eval", "--config", args.config, "--model", str(path),
+                   "--out", str(out), *args.overrides, "eval.baselines=false", *eval_overrides(args, eval_turns)]
+            out.mkdir(parents=True, exist_ok=True)
+            _run(cmd, out / "eval.log", f"{name}: the evaluation of step {step}")
+        if not args.keep_checkpoints:
+            shutil.rmtree(path)  # evaluated: its report is what the ablation needs
 
