@@ -2,6 +2,8 @@
 before a pool connects, and (auth off, loopback) a second hello under a live weights subscriber's name."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import zmq
@@ -58,12 +60,38 @@ def test_without_keys_a_second_hello_cannot_displace_a_live_subscriber():
     impostor.close()
     restarted = WeightSubscriber(pub.endpoint, name="generator-0")
     routing = restarted._sock.getsockopt(zmq.ROUTING_ID)
-    for _ in range(50):
+    for _ in range(50):  # its hello may come before the old connection's close: it says it again until taken
         pub.poll(100)
+        restarted.poll(0)
         if routing in pub.peers:
             break
-    assert pub.peers == {routing: "generator-0"} and pub.drops.by_reason["name"] == 1
+    # the impostor's hello was refused (once, or again if it said it again while still open)
+    assert pub.peers == {routing: "generator-0"} and pub.drops.by_reason["name"] >= 1
     pub.publish(2, [TensorBytes("w", "float32", values.shape, values.data)])
     assert restarted.poll(5000).version == 2
     restarted.close()
+    pub.close()
+
+
+def test_a_hello_refused_while_the_name_was_held_is_taken_once_the_holder_has_gone():
+    """A restarted generator can say hello before the publisher has seen its old connection close (refused:
+    the name is held by an open connection); it says hello again while polling, and is taken once that close
+    is seen, instead of never."""
+    pub = WeightPublisher(expected=["generator-0"])
+    old = WeightSubscriber(pub.endpoint, name="generator-0")
+    pub.wait_for_peers(1, timeout_s=5)
+    new = WeightSubscriber(pub.endpoint, name="generator-0")
+    routing = new._sock.getsockopt(zmq.ROUTING_ID)
+    pub.poll(500)
+    assert routing not in pub.peers and pub.drops.by_reason["name"] == 1  # refused: the old one is open
+    old.close()
+    deadline = time.monotonic() + 10
+    while routing not in pub.peers:
+        assert time.monotonic() < deadline, "the refused hello was never said again"
+        pub.poll(50)
+        new.poll(50)
+    values = np.arange(8, dtype=np.float32)
+    pub.publish(1, [TensorBytes("w", "float32", values.shape, values.data)])
+    assert new.poll(5000).version == 1
+    new.close()
     pub.close()

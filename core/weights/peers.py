@@ -138,6 +138,11 @@ class Peers:
             raise WireError("name", f"{name!r:.40} is not a subscriber of this run")
         relay = endpoint_field(body, "relay") if "relay" in body else ""
         nonce = hello_nonce(body)
+        if self.peers.get(routing) == name and self._nonces.get(routing) == nonce:
+            # said again before its answer came (core.weights.subscriber retries): answer again, change nothing
+            self._keys_owed[routing] = (name, self.published)
+            self._send_keys()
+            return
         if not self.authenticated:
             self._connection_of[routing] = self._connection(routing)
             live = [old for old, known in self.peers.items() if known == name and old != routing and self._alive(old)]

@@ -13,6 +13,9 @@ What must hold:
   counted (reason "auth"). An authentic chunk out of place (an older version, a chunk held already, one that
   arrives early) is ignored and counted in `ignored`, by reason ("old", "duplicate", "early"): never a reason to
   drop the version being assembled, so the genuine chunks that follow still complete it.
+- Hello until answered. A hello the publisher has not answered in `HELLO_RETRY_S` is said again on each poll: a
+  restarted process whose hello reached the publisher before the old connection's close did (auth off, where a
+  name held by an open connection is refused) is taken at the next try instead of never.
 - Versions. The publisher answers the hello with a K message bound to this incarnation's nonce, naming the
   version it is at: this subscriber never takes an older one (a restarted replica cannot be rolled back), and
   with aes-gcm it holds only the chunk keys of versions announced to it since. A chunk from a relay predecessor
@@ -53,6 +56,7 @@ from core.weights.tensors import WeightSet
 log = logging.getLogger("agentgym.weights")
 
 KEY_WAIT_S = 2.0  # how long a relayed chunk of a version not yet announced waits for it on the publisher's path
+HELLO_RETRY_S = 1.0  # a hello not answered in this long is said again (while polling)
 STALL_S = 30.0  # a partial version that took nothing for this long gives way to any chunk 0 (until a link says)
 
 
@@ -116,8 +120,10 @@ class WeightSubscriber:
                  **({"shm": True} if shm else {}), "nonce": self.nonce}
         self.shm = shm
         self.shelved = 0  # versions taken from the publisher's shared memory
+        self._hello = [b"H", msgpack.packb(hello)]
+        self._hello_at = time.monotonic()
         try:  # never blocks: the pipe to the publisher exists from connect() until a refused handshake drops it
-            self._send([b"H", msgpack.packb(hello)], zmq.NOBLOCK)
+            self._send(self._hello, zmq.NOBLOCK)
         except zmq.Again:
             log.error("%s: no connection to the weights publisher at %s: its admission handshake refused this "
                       "subscriber (wrong or missing keys?); nothing will be received", self.name, endpoint)
@@ -156,8 +162,12 @@ class WeightSubscriber:
                 return self._hand_out()
             if relay is not None and time.monotonic() - self._reported >= self.heartbeat_s:
                 self._report()
+            if not self._answered:
+                self._hello_again()
             left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             wait = left if relay is None else min(left if left is not None else 1 << 30, int(self.heartbeat_s * 1000))
+            if not self._answered:  # wake up to say it again
+                wait = min(wait if wait is not None else 1 << 30, int(HELLO_RETRY_S * 1000))
             poller = zmq.Poller()
             if drained:  # backpressure: while the successor's queue is full, nothing more is read
                 poller.register(self._sock, zmq.POLLIN)
@@ -174,6 +184,15 @@ class WeightSubscriber:
                 self._receive(relay.inbound.recv_multipart(copy=False)[1:], "a relay predecessor")
             if not events and deadline is not None and time.monotonic() >= deadline:
                 return None
+
+    def _hello_again(self) -> None:
+        if time.monotonic() - self._hello_at < HELLO_RETRY_S:
+            return
+        self._hello_at = time.monotonic()
+        try:
+            self._send(self._hello, zmq.NOBLOCK)
+        except zmq.Again:  # no pipe (a refused handshake): logged once, at the first hello
+            pass
 
     def _send(self, message: list, flags: int = 0) -> None:
         self._sock.send_multipart(self.seal.seal(message) if self.seal is not None else message, flags=flags)
