@@ -14,7 +14,7 @@ bench = importlib.import_module("launch.bench.async")
 ARGS = bench.argparse.Namespace(model="default", blocks=1, groups=2, group_size=4, turns=3, tokens_per_turn=32,
                                 eta=4, lr=1e-9, cores="0,1", autocast="none",
                                 on_weight_update="abort", scheduling="priority", max_num_seqs=12,
-                                kv_cache_max_age=3, sync_groups=0, sync_max_num_seqs=0)
+                                kv_cache_max_age=3, sync_groups=0, sync_max_num_seqs=0, batch_order="submission")
 
 
 def configs(workload, tmp_path):
@@ -57,6 +57,19 @@ def test_the_synchronous_baseline_takes_its_own_batch_and_seats_over_the_same_gr
     assert [cfgs[m].trainer.groups_per_step * cfgs[m].trainer.total_steps for m in bench.MODES] == [32, 32, 32]
     assert cfgs["sync_colocated"].trainer.groups_per_step == 4 and cfgs["async"].trainer.groups_per_step == 2
     assert cfgs["sync_colocated"].generator.max_num_seqs == 16 and cfgs["async"].generator.max_num_seqs == 12
+
+
+def test_completion_order_batches_are_checked_for_equal_tokens_over_the_whole_run(tmp_path):
+    args = bench.argparse.Namespace(**{**vars(ARGS), "batch_order": "completion"})
+    cfgs = {m: load_config(None, bench.overrides(args, m, "longtail", tmp_path / m, seed=1)) for m in bench.MODES}
+    assert {c.trainer.batch_order for c in cfgs.values()} == {"completion"}
+    step = "train/batch_tokens"
+    runs = {"sync_colocated": [{step: 100.0}, {step: 300.0}], "async": [{step: 300.0}, {step: 100.0}]}
+    assert bench.check_tokens(args, runs, seed=1, workload="longtail") == 0.0  # the same groups, another order
+    with pytest.raises(SystemExit, match="did not train the same tokens"):
+        bench.check_tokens(ARGS, runs, seed=1, workload="longtail")  # start order: checked step by step
+    with pytest.raises(SystemExit, match="did not train the same tokens"):
+        bench.check_tokens(args, {**runs, "async": [{step: 300.0}, {step: 50.0}]}, seed=1, workload="longtail")
 
 
 def test_summary_skips_the_first_step_and_the_drain_and_splits_wait_from_training():

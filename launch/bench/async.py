@@ -19,9 +19,10 @@ and before the drain's eta + 1) is printed beside it, labelled `window`, never i
 Every mode does the same work. The env is the scripted `workload` family (environments/examples/workload.py),
 whose episodes take the turns their item sets, whatever the model writes; replies have a fixed length
 (`rollout.min_tokens_per_turn` = `rollout.max_tokens_per_turn` = `--tokens-per-turn`); items are dealt in order
-and batches taken in the order groups started (`trainer.batch_order=submission`), so every mode trains the
-same groups, and the bench fails if their trained tokens differ by more than 1 % (per step where both modes
-take the same groups per step, over the whole run otherwise). Two workloads:
+and batches taken in the order groups started (`trainer.batch_order=submission`; `--batch-order completion`
+takes the groups done first), so every mode trains the same groups, and the bench fails if their trained tokens
+differ by more than 1 % (per step where both modes take the same groups per step in start order, over the whole
+run otherwise). Two workloads:
 
 - `fixed`: every episode takes `--turns` (3) turns;
 - `longtail`: the turns are dealt from a stratified deck (seeded by the run's seed): every block of 16 groups
@@ -97,7 +98,7 @@ def overrides(args: argparse.Namespace, mode: str, workload: str, out: Path, see
         f"model.path={args.model}", f"learner.cpu_autocast={args.autocast}", f"trainer.output_dir={out}",
         f"trainer.total_steps={steps}", f"trainer.seed={seed}",
         f"trainer.groups_per_step={groups}", f"rollout.group_size={args.group_size}",
-        f"trainer.max_staleness={eta}", "trainer.batch_order=submission", f"learner.lr={args.lr}",
+        f"trainer.max_staleness={eta}", f"trainer.batch_order={args.batch_order}", f"learner.lr={args.lr}",
         # groups start while a step trains: async's generator has a core of its own (sync, eta 0, has nothing
         # to start then); the default config turns it off for its learner on both cores
         "trainer.admit_during_step=true",
@@ -230,6 +231,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="generator.kv_cache_max_age of the async run (0, the config's: cached prefixes are "
                              "dropped at every weight update; N: kept across N updates, at most --eta). The sync "
                              "runs have no episode in flight across an update, and eta 0 allows no older cache")
+    parser.add_argument("--batch-order", default="submission", choices=("submission", "completion"),
+                        help="trainer.batch_order of every mode: submission (each step takes the groups in the "
+                             "order they started, so the modes train the same tokens at every step, checked per "
+                             "step) or completion (the groups done first, so a long group trains when it ends "
+                             "instead of holding its batch; the tokens checked over the whole run)")
     parser.add_argument("--lr", type=float, default=1e-9, help="learner.lr (tiny: the workload stays fixed)")
     parser.add_argument("--cores", default="0,1", help="generator core,learner core")
     parser.add_argument("--workloads", default="longtail", help=f"some of {','.join(WORKLOADS)}")
@@ -274,7 +280,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def check_tokens(args: argparse.Namespace, runs: dict[str, list[dict]], seed: int, workload: str) -> float:
     """The modes' trained tokens on one seed: per step when they take the same groups per step, else in total."""
-    same_steps = len({mode_groups(args, m)[0] for m in runs}) == 1
+    same_steps = len({mode_groups(args, m)[0] for m in runs}) == 1 and args.batch_order == "submission"
     results = {m: {"step_tokens": [r.get("train/batch_tokens", 0.0) for r in rows] if same_steps
                    else [sum(r.get("train/batch_tokens", 0.0) for r in rows)]} for m, rows in runs.items()}
     gap, where = token_mismatch(results)
@@ -305,7 +311,8 @@ def main(argv: list[str]) -> int:
                      "autocast_resolved": resolve_cpu_autocast(args.autocast)[0], "sync_groups": args.sync_groups,
                      "sync_max_num_seqs": args.sync_max_num_seqs, "on_weight_update": args.on_weight_update,
                      "scheduling": args.scheduling, "max_num_seqs": args.max_num_seqs,
-                     "kv_cache_max_age": args.kv_cache_max_age, "tokens_per_turn": args.tokens_per_turn}
+                     "kv_cache_max_age": args.kv_cache_max_age, "tokens_per_turn": args.tokens_per_turn,
+                     "batch_order": args.batch_order}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(args.keep).resolve() if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
