@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.metrics import read_jsonl
-from launch.ablate.horizon import stage_schedule
+from environments.babyai.levels import level_of
+from launch.ablate.horizon import LEVELS, stage_schedule
 from launch.ablate.horizon_report import reading
 from tests.training_runs import ROOT, TINY_RECIPE
 
@@ -119,6 +120,8 @@ def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_r
         sample = read_jsonl(run_dir / "episodes.jsonl")  # the training run's transcripts, one sample per step
         assert 1 <= len(sample) <= 2 and sample[0]["step"] == 1 and sample[0]["turns"], variant
         assert (run_dir / "eval" / "episodes.jsonl").stat().st_size > 0  # and its evaluation's episodes
+        # on the command's levels, where more turns are needed (not the recipe's)
+        assert {level_of(e["item_id"]) for e in read_jsonl(run_dir / "eval" / "episodes.jsonl")} <= set(LEVELS)
     text = report.read_text()
     for needle in ("at equal learner steps", "| ScalingInter-RL | 0 | 1 |", "| fixed short | 0 | 1 |",
                    "| fixed long | 0 | 1 |", "random policy", "untrained model", "## Reading", "horizon.png",

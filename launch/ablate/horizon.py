@@ -26,6 +26,11 @@ from launch.ablate.horizon_report import write_report
 from launch.ablate.runs import common_arguments, seed_overrides, train, trained_turns
 
 VARIANTS = ("scaling", "fixed_short", "fixed_long")
+# Levels where an agent must use its turns (`python -m environments.babyai.probe GoToRedBallGrey Open GoToSeqS5R2
+# --seeds 90`, 2026-12-07): a random player solves 0.43 / 0.14 / 0.16 of unseen items within 6 turns (0.19 /
+# 0.01 / 0.07 within 2), and the expert needs a median of 2 / 3 / 4 turns (75th percentile 2 / 5 / 6). The
+# default's other two levels are solved by one or two macro actions: random reaches 0.67 and 0.76 within 6 turns.
+LEVELS = ("GoToRedBallGrey", "Open", "GoToSeqS5R2")
 
 
 def stage_schedule(short: int, long: int, stages: int, steps: int) -> tuple[list[int], list[int]]:
@@ -62,10 +67,15 @@ def horizon(argv: list[str]) -> int:
     p.add_argument("--equal", choices=("steps", "turns"), default="steps",
                    help="what the variants are made equal in: learner steps (the paper's x-axis) or sampled turns")
     p.add_argument("--max-steps-factor", type=int, default=4, help="--equal turns: a fixed run's step cap, in --steps")
+    p.add_argument("--levels", default=",".join(LEVELS),
+                   help="env.babyai.levels of every run, comma-separated ('': the config's own). The default's are "
+                        "levels where more turns are needed (see LEVELS)")
     common_arguments(p, runs="outputs/ablate-horizon", report="docs/results/horizon.md", seeds=[0, 1, 2])
     args = p.parse_args(argv)
     if not 1 <= args.short < args.long:
         p.error(f"need 1 <= --short < --long, got {args.short} and {args.long}")
+    if args.levels:  # before the caller's overrides, which may set them again
+        args.overrides = [f"env.babyai.levels=[{args.levels}]", *args.overrides]
     started = time.monotonic()
     runs: dict[str, dict[int, Path]] = {v: {} for v in VARIANTS}
     first = True
