@@ -46,6 +46,10 @@ class RolloutConfig:
     """`turn`: every paid turn earns format_reward, so an episode's total grows with its length (a policy can
     earn it by stalling on valid actions until the horizon); `episode`: each paid turn earns format_reward /
     the episode's turns, so the total is at most format_reward, whatever the length."""
+    repeat_penalty: float = spec(0.0, ge=0)
+    """Subtracted from a turn's reward when its reply (case and surrounding space aside) was already given to
+    the same observation earlier in the episode: a loop, since an action that changed nothing leaves the
+    observation as it was (0 disables it). Training only; evaluations never shape rewards."""
 
     def validate(self) -> list[tuple[str, str]]:
         if self.min_tokens_per_turn > self.max_tokens_per_turn:

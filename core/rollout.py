@@ -61,6 +61,7 @@ class EpisodeLimits:
     format_reward: float = 0.0  # added to a turn's reward when the env judged its action valid (not unknown)
     format_reward_on: str = "valid"  # or "clean": only when the reply kept to the format (rule strict or exact)
     format_reward_per: str = "turn"  # or "episode": an episode earns format_reward x its paid turns' share
+    repeat_penalty: float = 0.0  # taken from a turn whose reply was already given to the same observation
     instruction_role: str = "system"
     resample_repeats: int = 0  # evaluation only: tries at a reply not already given to the same observation
     resample_temperature: float = 1.0
@@ -101,6 +102,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "judged_turns": 0.0,
                "success": 0.0, "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
     given: dict[str, set[str]] = {}  # observation -> the replies given to it so far (limits.resample_repeats)
+    answered: dict[str, set[str]] = {}  # the same, for limits.repeat_penalty
     termination = Termination.HORIZON
     started = time.monotonic()
     try:
@@ -163,7 +165,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             valid = step.valid_action  # True, False, or None: the env cannot tell
             clean = limits.format_reward_on == "valid" or step.parse_rule in ("strict", "exact")
             shaped = limits.format_reward if valid is True and clean else 0.0
-            turn_rewards.append(float(step.reward) + shaped)
+            penalty = _repeat_penalty(answered.setdefault(seen, set()), reply, limits.repeat_penalty, metrics)
+            turn_rewards.append(float(step.reward) + shaped - penalty)
             turn_shaped.append(shaped)
             action = step.info.get("action") if isinstance(step.info, dict) else None
             turn_actions.append(action[:MAX_ACTION_CHARS] if isinstance(action, str) else "")
@@ -228,6 +231,20 @@ async def _unrepeated(policy: Policy, request: GenerationRequest, gen: Generatio
         metrics["resamples"] = metrics.get("resamples", 0.0) + tries
     given.add(said)
     return gen
+
+
+def _repeat_penalty(answered: set[str], reply: str, penalty: float, metrics: dict) -> float:
+    """`penalty` when `reply` (case and surrounding space aside) is among the replies already given to this
+    observation (`answered`, then updated), else 0; counts the repeated turns in `metrics`."""
+    if not penalty:
+        return 0.0
+    said = reply.strip().lower()
+    if said not in answered:
+        answered.add(said)
+        return 0.0
+    metrics["repeated_turns"] = metrics.get("repeated_turns", 0.0) + 1
+    metrics["repeat_penalty"] = metrics.get("repeat_penalty", 0.0) - penalty
+    return penalty
 
 
 def _spread_format_reward(turn_rewards: list[float], turn_shaped: list[float], turns: int,

@@ -292,3 +292,32 @@ def test_the_random_policy_is_never_resampled():
     cfg = load_config("configs/default.yaml", ["eval.resample_repeats=4", "eval.resample_temperature=0.5"])
     assert eval_limits(cfg).resample_repeats == 4 and eval_limits(cfg).resample_temperature == 0.5
     assert eval_limits(cfg, random_policy=True).resample_repeats == 0
+
+
+def test_a_reply_repeated_to_the_same_observation_costs_the_repeat_penalty(tiny_tokenizer):
+    """A loop (the same reply to an observation that did not change) is penalised from its second time on,
+    `STUCK ` counting as `stuck`; a new reply is not; off by default; evaluations never shape rewards."""
+    script = ["stuck", "stuck", "STUCK ", "other", "go"]
+
+    def replies():
+        said = iter(script)
+        return ScriptedPolicy(tiny_tokenizer, lambda conversation: next(said), version=1)
+
+    on = _run(_Wall(), replies(), tiny_tokenizer, _spec(horizon=6), repeat_penalty=0.05)
+    assert on.termination is Termination.DONE and on.num_turns == 5
+    np.testing.assert_allclose(on.turn_rewards, [0.0, -0.05, -0.05, 0.0, 1.0], rtol=1e-6)
+    assert on.metrics["repeated_turns"] == 2.0 and on.metrics["repeat_penalty"] == pytest.approx(-0.1)
+    off = _run(_Wall(), replies(), tiny_tokenizer, _spec(horizon=6))
+    np.testing.assert_allclose(off.turn_rewards, [0.0, 0.0, 0.0, 0.0, 1.0])
+    assert "repeated_turns" not in off.metrics
+    from configs.load import load_config
+    from launch.eval.runner import eval_limits
+
+    assert eval_limits(load_config("configs/default.yaml", ["rollout.repeat_penalty=0.05"])).repeat_penalty == 0.0
+
+
+def test_the_same_reply_to_a_new_observation_is_no_repeat_until_that_observation_comes_again(tiny_tokenizer):
+    policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: "go to red ball 1", version=1)
+    traj = _run(_Env(done_after=3), policy, tiny_tokenizer, repeat_penalty=0.05)  # observations: task, wall, wall
+    np.testing.assert_allclose(traj.turn_rewards, [0.0, 0.0, 0.45], rtol=1e-6)  # the third answers `wall` again
+    assert traj.metrics["repeated_turns"] == 1.0
