@@ -83,6 +83,8 @@ def rollout_metrics(trajectories: Iterable[Trajectory], version: int | None = No
     out["rollout/judged_turn_frac"] = sum(t.metrics.get("judged_turns", float(t.num_turns)) for t in trajs) \
         / max(1, turns)
     out["rollout/turns_mean"] = turns / len(trajs)
+    # replies already given to the same observation in the episode: loops on an action that changed nothing
+    out["rollout/repeated_turn_frac"] = sum(t.metrics.get("repeated_turns", 0.0) for t in trajs) / max(1, turns)
     out["rollout/tokens_mean"] = _mean([t.num_tokens for t in trajs])
     out["rollout/gen_tokens_mean"] = _mean([t.metrics.get("gen_tokens", 0.0) for t in trajs])
     out["rollout/horizon"] = float(max(t.horizon for t in trajs))

@@ -102,7 +102,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "judged_turns": 0.0,
                "success": 0.0, "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
     given: dict[str, set[str]] = {}  # observation -> the replies given to it so far (limits.resample_repeats)
-    answered: dict[str, set[str]] = {}  # the same, for limits.repeat_penalty
+    answered: dict[str, set[str]] = {}  # the same, for limits.repeat_penalty and the repeated_turns count
     termination = Termination.HORIZON
     started = time.monotonic()
     try:
@@ -235,15 +235,14 @@ async def _unrepeated(policy: Policy, request: GenerationRequest, gen: Generatio
 
 def _repeat_penalty(answered: set[str], reply: str, penalty: float, metrics: dict) -> float:
     """`penalty` when `reply` (case and surrounding space aside) is among the replies already given to this
-    observation (`answered`, then updated), else 0; counts the repeated turns in `metrics`."""
-    if not penalty:
-        return 0.0
+    observation (`answered`, then updated), else 0; counts the repeated turns in `metrics` (penalty or not)."""
     said = reply.strip().lower()
     if said not in answered:
         answered.add(said)
         return 0.0
     metrics["repeated_turns"] = metrics.get("repeated_turns", 0.0) + 1
-    metrics["repeat_penalty"] = metrics.get("repeat_penalty", 0.0) - penalty
+    if penalty:
+        metrics["repeat_penalty"] = metrics.get("repeat_penalty", 0.0) - penalty
     return penalty
 
 

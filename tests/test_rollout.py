@@ -309,7 +309,10 @@ def test_a_reply_repeated_to_the_same_observation_costs_the_repeat_penalty(tiny_
     assert on.metrics["repeated_turns"] == 2.0 and on.metrics["repeat_penalty"] == pytest.approx(-0.1)
     off = _run(_Wall(), replies(), tiny_tokenizer, _spec(horizon=6))
     np.testing.assert_allclose(off.turn_rewards, [0.0, 0.0, 0.0, 0.0, 1.0])
-    assert "repeated_turns" not in off.metrics
+    assert off.metrics["repeated_turns"] == 2.0 and "repeat_penalty" not in off.metrics  # counted all the same
+    from core.metrics import rollout_metrics
+
+    assert rollout_metrics([on, off])["rollout/repeated_turn_frac"] == pytest.approx(4 / 10)
     from configs.load import load_config
     from launch.eval.runner import eval_limits
 
