@@ -36,6 +36,11 @@ class LearnerConfig:
     cpu_cores: list[int] = spec([])
     """Pin every rank's process to these core ids of its node (os.sched_setaffinity); empty: no pinning. For
     benchmarks that keep the learner and the generator (generator.cpu_threads_bind) on separate cores."""
+    cpu_omp_wait_policy: str = spec("", choices=("PASSIVE", "ACTIVE", ""))
+    """OMP_WAIT_POLICY of a rank training on CPU (set in its process before torch loads OpenMP). PASSIVE: its
+    idle compute threads sleep between parallel regions instead of spinning, which can matter when it shares
+    cores with the generator (trainer.admit_during_step); empty leaves the environment alone (OpenMP's own
+    default). Not measured yet on the default: a knob to try, off."""
     lr: float = spec(1e-5, gt=0)
     """Peak learning rate."""
     warmup_steps: int = spec(0, ge=0)

@@ -57,6 +57,11 @@ def test_each_role_option_hides_gpus_exactly_when_it_asks_for_none():
     assert cpu_rank["runtime_env"]["env_vars"] == {"CUDA_VISIBLE_DEVICES": ""}
     gpu_rank = learner_rank_options(LearnerConfig(num_gpus_per_rank=1), 0, "ln", "strategy")
     assert gpu_rank["num_gpus"] == 1 and "runtime_env" not in gpu_rank
+    # learner.cpu_omp_wait_policy: in a CPU rank's environment (OpenMP reads it as torch loads), no other
+    passive = learner_rank_options(LearnerConfig(cpu_omp_wait_policy="PASSIVE"), 0, "ln", "strategy")
+    assert passive["runtime_env"]["env_vars"] == {"OMP_WAIT_POLICY": "PASSIVE", "CUDA_VISIBLE_DEVICES": ""}
+    on_gpu = learner_rank_options(LearnerConfig(num_gpus_per_rank=1, cpu_omp_wait_policy="PASSIVE"), 0, "ln", "s")
+    assert "runtime_env" not in on_gpu
     assert learner_bundle(LearnerConfig(num_cpus_per_rank=4, num_gpus_per_rank=1)) == {"CPU": 4, "GPU": 1}
 
 
@@ -80,7 +85,8 @@ class Probe:
 
         return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "gpu_ids": [str(i) for i in ray.get_gpu_ids()], "job": os.environ.get("ROLE_ENV_JOB_MARK"),
-                "pythonpath": os.environ.get("PYTHONPATH"), "problem": visibility_problem(requested_gpus)}
+                "pythonpath": os.environ.get("PYTHONPATH"), "omp_wait": os.environ.get("OMP_WAIT_POLICY"),
+                "problem": visibility_problem(requested_gpus)}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +112,7 @@ def test_each_role_sees_the_gpus_it_was_given_and_no_other(gpu_node):
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    cpu_ranks = LearnerConfig(num_cpus_per_rank=0.1)
+    cpu_ranks = LearnerConfig(num_cpus_per_rank=0.1, cpu_omp_wait_policy="PASSIVE")
     gpu_ranks = LearnerConfig(num_cpus_per_rank=0.1, num_gpus_per_rank=1)
     groups = {kind: placement_group([learner_bundle(ranks)])
               for kind, ranks in (("cpu", cpu_ranks), ("gpu", gpu_ranks))}
@@ -139,6 +145,7 @@ def test_each_role_sees_the_gpus_it_was_given_and_no_other(gpu_node):
         # the job's env vars reach every role next to the role's own
         assert {s["job"] for s in seen.values()} == {"job"}
         assert seen["generator/cpu"]["pythonpath"] == str(ROOT)
+        assert seen["learner/cpu"]["omp_wait"] == "PASSIVE"  # learner.cpu_omp_wait_policy reached the process
 
         from launch.job.learners import _check_visibility  # what LearnerGroup runs before any rank picks a device
 

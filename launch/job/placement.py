@@ -73,8 +73,11 @@ def learner_rank_options(cfg: LearnerConfig, rank: int, name: str,
     """Ray options of learner rank `rank`: its bundle's resources, placed by `scheduling_strategy` (the
     placement group's bundle `rank`)."""
     bundle = learner_bundle(cfg)
-    return isolate_gpus({"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0.0),
-                         "name": f"{name}-{rank}", "scheduling_strategy": scheduling_strategy})
+    options = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0.0), "name": f"{name}-{rank}",
+               "scheduling_strategy": scheduling_strategy}
+    if cfg.cpu_omp_wait_policy and not cfg.num_gpus_per_rank:  # read when the rank's process loads OpenMP
+        options["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": cfg.cpu_omp_wait_policy}}
+    return isolate_gpus(options)
 
 
 def pool_actor_options(cfg: EnvConfig) -> dict[str, Any]:
