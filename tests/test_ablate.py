@@ -94,6 +94,25 @@ def test_the_offpolicy_runs_get_enough_slots_for_eta_and_the_staleness_is_read_b
     assert mean == pytest.approx((300 * (0.25 * 2 + 0.25 * 8)) / 400) and largest == 8
 
 
+def test_a_runs_time_is_read_from_what_it_wrote_so_a_reused_run_counts_too(tmp_path):
+    import json
+
+    from launch.ablate.runs import budget_line, run_minutes
+
+    run = tmp_path / "decoupled-s0"
+    (run / "eval").mkdir(parents=True)
+    (run / "train.log").write_text("2026-12-07 01:32:07 agentgym.session INFO evaluating\n"
+                                   "2026-12-07 01:52:33 agentgym.session INFO trained 24 steps in 17.0 min\n")
+    (run / "eval" / "eval_report.json").write_text(json.dumps({"minutes": 1.5}))
+    for step, minutes in ((6, 2.0), (12, 2.5)):
+        (run / "curve" / f"step_{step:08d}").mkdir(parents=True)
+        (run / "curve" / f"step_{step:08d}" / "eval_report.json").write_text(json.dumps({"minutes": minutes}))
+    assert run_minutes(run) == (17.0, 6.0)
+    assert run_minutes(tmp_path / "never-ran") == (0.0, 0.0)
+    line = budget_line({"decoupled": {0: run}, "coupled": {0: tmp_path / "never-ran"}})
+    assert line.startswith("2 runs: 17 min of training and 6 min of evaluation in all"), line
+
+
 def _ablate(kind: str, tiny_model_dir, tmp_path, *options: str) -> tuple[list[str], Path]:
     report = tmp_path / "results" / f"{kind}.md"
     cmd = [sys.executable, "-m", "launch.ablate", kind, "--config", str(TINY_RECIPE), "--steps", "1", "--seeds", "0",
@@ -146,7 +165,7 @@ def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_mod
     assert coupled["train/is_weight_mean"] == 1.0 and coupled["train/is_weight_max"] == 1.0
     assert coupled["train/truncated_frac"] == 0.0
     text = report.read_text()
-    for needle in ("at eta = 2", "| decoupled (correction on) | 0 | 1 |", "| coupled (correction off) | 0 | 1 |",
+    for needle in ("at eta = 2", "3 runs: ", " min of training and ", "| decoupled (correction on) | 0 | 1 |", "| coupled (correction off) | 0 | 1 |",
                    "| eta = 0 (sync) | 0 | 1 |", "random policy", "untrained model", "## Reading",
                    "offpolicy.png", "trainer.max_staleness=2"):
         assert needle in text, needle

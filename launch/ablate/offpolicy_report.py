@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from launch.ablate.horizon_report import compare, final_eval, fmt, spread, step_rows, unseen_curve
+from launch.ablate.runs import budget_line
 
 LABELS = {"decoupled": "decoupled (correction on)", "coupled": "coupled (correction off)", "sync": "eta = 0 (sync)"}
 COLORS = {"decoupled": "tab:green", "coupled": "tab:red", "sync": "tab:blue"}
@@ -92,7 +93,8 @@ def write_report(path: Path, runs: dict[str, dict[int, Path]], args: argparse.Na
     setup = f"`{args.config}`" + (" with " + " ".join(f"`{o}`" for o in args.overrides) if args.overrides else "")
     lines = [
         f"# Off-policy ablation: decoupled PPO with and without its correction at eta = {args.eta}", "",
-        f"Produced by `{command}` on {today} ({os.cpu_count()} cores, {minutes:.0f} min in all).", "",
+        f"Produced by `{command}` on {today} ({os.cpu_count()} cores; {budget_line(runs)}; this invocation "
+        f"{minutes:.0f} min).", "",
         f"Setup: {setup}; every run {args.steps} learner step{'s' if args.steps != 1 else ''}, env.slots_per_actor={slots} (so that {args.eta} "
         f"versions of batches can be in flight). Variants: decoupled PPO (ratio around the proximal policy, "
         f"importance weight truncated at algorithm.behaviour_weight_cap) and coupled (algorithm.policy_loss=coupled: "

@@ -9,7 +9,9 @@ interrupted ablation resumes where it stopped.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -51,6 +53,29 @@ def trained_turns(run_dir: Path) -> float:
     if not totals:
         raise RuntimeError(f"{run_dir}/metrics.jsonl holds no trained turns: the run trained no step")
     return totals[-1]
+
+
+TRAINED_IN = re.compile(r"trained \d+ steps in ([0-9.]+) min")
+
+
+def run_minutes(run_dir: Path) -> tuple[float, float]:
+    """(training, evaluation) minutes of one run, from what the run wrote itself: its log's closing line
+    (`trained N steps in X min`) and each evaluation's report (the final one and every curve/step_N); the start-up
+    of each process is left out. (0, 0) parts where the run left none."""
+    log = run_dir / "train.log"
+    found = TRAINED_IN.findall(log.read_text(errors="replace")) if log.exists() else []
+    train = float(found[-1]) if found else 0.0
+    reports = [run_dir / "eval" / "eval_report.json", *sorted((run_dir / "curve").glob("step_*/eval_report.json"))]
+    evals = sum(float(json.loads(p.read_text()).get("minutes", 0.0)) for p in reports if p.exists())
+    return train, evals
+
+
+def budget_line(runs: dict[str, dict[int, Path]]) -> str:
+    """What the ablation's runs took, in their own figures (a report's header; true whether or not --reuse)."""
+    parts = [run_minutes(d) for by_seed in runs.values() for d in by_seed.values()]
+    train, evals = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return (f"{len(parts)} runs: {train:.0f} min of training and {evals:.0f} min of evaluation in all (each run's "
+            "own log and reports; process start-ups left out)")
 
 
 def eval_overrides(args: argparse.Namespace, eval_turns: int) -> list[str]:
