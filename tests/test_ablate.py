@@ -54,6 +54,10 @@ def test_the_reading_names_the_ordering_and_whether_the_seeds_separate_it():
     worse = reading({"scaling": 0.2, "fixed_short": 0.5, "fixed_long": 0.3},
                     {"scaling": (0.2, 0.2), "fixed_short": (0.5, 0.5), "fixed_long": (0.3, 0.3)}, 1)
     assert "does not hold here" in worse[-2] and "single draw" in worse[-1]
+    one = reading({"scaling": 0.8, "fixed_short": 0.5, "fixed_long": 0.3},
+                  {"scaling": (0.8, 0.8), "fixed_short": (0.5, 0.5), "fixed_long": (0.3, 0.3)}, 1)
+    assert "(one seed: no spread to weigh it by)" in one[1] and "overlap" not in " ".join(one)
+    assert "holds on its one seed" in one[-2]
 
 
 def test_the_offpolicy_reading_names_whether_the_correction_helps_beyond_the_seeds():
@@ -69,7 +73,11 @@ def test_the_offpolicy_reading_names_whether_the_correction_helps_beyond_the_see
                               {"decoupled": (0.4, 0.6), "coupled": (0.5, 0.7), "sync": (0.5, 0.5)}, 8, 1,
                               {"decoupled": 0.4, "coupled": 0.5})
     assert "does not hold here" in fresh[3] and "less than one version stale" in fresh[4]
-    assert "single draw" in fresh[-1]
+    assert "single draw" in fresh[-1] and "one seed: no spread" in fresh[1]
+    one = offpolicy_reading({"decoupled": 0.62, "coupled": 0.38, "sync": 0.87},
+                            {"decoupled": (0.62, 0.62), "coupled": (0.38, 0.38), "sync": (0.87, 0.87)}, 8, 1,
+                            {"decoupled": 5.2, "coupled": 6.0})
+    assert "holds on its one seed" in one[3] and "every seed" not in " ".join(one)
 
 
 def test_the_offpolicy_runs_get_enough_slots_for_eta_and_the_staleness_is_read_back(tmp_path):

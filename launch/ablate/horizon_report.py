@@ -59,9 +59,12 @@ def spread(rates: list[float]) -> tuple[float, tuple[float, float]]:
     return sum(rates) / len(rates), (min(rates), max(rates))
 
 
-def compare(label_a: str, label_b: str, means: dict, ranges: dict, a: str, b: str) -> tuple[str, bool]:
+def compare(label_a: str, label_b: str, means: dict, ranges: dict, a: str, b: str,
+            n_seeds: int) -> tuple[str, bool]:
     """One line comparing variant a to b (mean difference, whether the seeds' ranges overlap), and whether a's
-    every seed lies above b's."""
+    every seed lies above b's (never with one seed: there is no spread to be beyond)."""
+    if n_seeds < 2:
+        return f"{label_a} minus {label_b}: {means[a] - means[b]:+.3f} (one seed: no spread to weigh it by).", False
     above = ranges[a][0] > ranges[b][1]
     apart = above or ranges[a][1] < ranges[b][0]
     return (f"{label_a} minus {label_b}: {means[a] - means[b]:+.3f}; the seeds' ranges "
@@ -116,14 +119,15 @@ def reading(means: dict[str, float], ranges: dict[str, tuple[float, float]], n_s
     lines = [f"Ordering of the mean final success rate: {text}."]
     widest = max(hi - lo for lo, hi in ranges.values())
     for other in ("fixed_short", "fixed_long"):
-        line, _ = compare("ScalingInter-RL", LABELS[other], means, ranges, "scaling", other)
-        lines.append(line[:-1] + f" (largest seed-to-seed range {widest:.3f}).")
+        line, _ = compare("ScalingInter-RL", LABELS[other], means, ranges, "scaling", other, n_seeds)
+        lines.append(line[:-1] + f" (largest seed-to-seed range {widest:.3f})." if n_seeds > 1 else line)
     holds = means["scaling"] > max(means["fixed_short"], means["fixed_long"])
-    separated = all((ranges["scaling"][0] > ranges[o][1]) for o in ("fixed_short", "fixed_long"))
+    separated = n_seeds > 1 and all((ranges["scaling"][0] > ranges[o][1]) for o in ("fixed_short", "fixed_long"))
     verdict = ("holds, with every seed of ScalingInter-RL above every seed of both fixed horizons" if separated else
+               "holds on its one seed" if holds and n_seeds < 2 else
                "holds in the means, but not beyond the seed-to-seed spread" if holds else "does not hold here")
-    lines.append(f"The paper's ordering (ScalingInter-RL above both fixed horizons) {verdict}, over {n_seeds} "
-                 f"seed{'s' if n_seeds != 1 else ''}.")
+    lines.append(f"The paper's ordering (ScalingInter-RL above both fixed horizons) {verdict}"
+                 + (f", over {n_seeds} seeds." if n_seeds > 1 else "."))
     if n_seeds < 2:
         lines.append("With one seed there is no seed-to-seed spread to compare against: this is a single draw.")
     return lines

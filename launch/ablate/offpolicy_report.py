@@ -66,14 +66,15 @@ def reading(means: dict[str, float], ranges: dict[str, tuple[float, float]], eta
     for before, v in zip(order, order[1:]):
         text += f" {'=' if means[v] == means[before] else '>'} {LABELS[v]} ({means[v]:.3f})"
     lines = [f"Ordering of the mean final success rate: {text}."]
-    line, above = compare(LABELS["decoupled"], LABELS["coupled"], means, ranges, "decoupled", "coupled")
+    line, above = compare(LABELS["decoupled"], LABELS["coupled"], means, ranges, "decoupled", "coupled", n_seeds)
     lines.append(line)
-    lines.append(compare(LABELS["decoupled"], LABELS["sync"], means, ranges, "decoupled", "sync")[0])
+    lines.append(compare(LABELS["decoupled"], LABELS["sync"], means, ranges, "decoupled", "sync", n_seeds)[0])
+    ahead = means["decoupled"] > means["coupled"]
     verdict = ("holds, with every seed of the decoupled loss above every seed of the coupled one" if above else
-               "holds in the means, but not beyond the seed-to-seed spread" if means["decoupled"] > means["coupled"]
-               else "does not hold here")
-    lines.append(f"The claim (at eta = {eta}, the correction trains better than the same loss without it) {verdict}, "
-                 f"over {n_seeds} seed{'s' if n_seeds != 1 else ''}.")
+               "holds on its one seed" if ahead and n_seeds < 2 else
+               "holds in the means, but not beyond the seed-to-seed spread" if ahead else "does not hold here")
+    lines.append(f"The claim (at eta = {eta}, the correction trains better than the same loss without it) {verdict}"
+                 + (f", over {n_seeds} seeds." if n_seeds > 1 else "."))
     if max(staleness.get("decoupled", 0.0), staleness.get("coupled", 0.0)) < 1.0:
         lines.append("The trained tokens were less than one version stale on average: at this staleness the two "
                      "losses differ little, whatever the bound allowed.")
