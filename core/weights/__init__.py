@@ -17,7 +17,8 @@ actors.weights: they need torch):
 | `control` | the control messages (hello, K, ack, progress, link), each checked on decode; relay chunk digests |
 | `seal` | AES-256-GCM sealing: chunks under a key per version, control messages per subscriber incarnation |
 | `assembly` | a version's buffers, filled chunk by chunk, every header checked before anything is allocated |
-| `publisher` | the publisher: hellos, K messages, the fan-out, acks, flood-bounded control reads |
+| `peers` | the publisher's control plane: admission, hellos and the K messages owed, acks, flood-bounded control reads |
+| `publisher` | the publisher's data plane, on `peers`: a version's chunks, the shelf, the star fan-out, the acks awaited |
 | `relay` | the publisher's side of a relay chain: linking, progress, re-linking around a lost member |
 | `forward` | the subscriber's side of a relay hop: its inbound socket and the forwarding to its successor |
 | `subscriber` | the subscriber: authenticity before order, versions never going back, hand-out of complete versions |

@@ -9,6 +9,7 @@
 | `prompt` | the task instructions shown to the agent |
 | `scripted` | a plausible valid reply read off the observation text alone, for contract tests and benches |
 | `expert` | a scripted expert that plans over the true grid but acts only through the listed text actions |
+| `probe` | `python -m environments.babyai.probe`: a random player's success within each turn limit and the expert's turns, per level |
 """
 from __future__ import annotations
 
