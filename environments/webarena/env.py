@@ -23,6 +23,7 @@ from environments.webarena.tasks import skipped_tasks, task_for
 
 log = logging.getLogger(__name__)
 _REPORTED: set[str] = set()
+STALE_TREE_S = 2.0  # how long a tree named for the previous document is looked at again (observe_settled)
 
 INSTRUCTION = """You are an autonomous agent operating a web browser to accomplish a task. Each turn shows the \
 page's accessibility tree (elements as "[id] role 'name'"), the page URL, the objective and your previous \
@@ -50,6 +51,7 @@ class BrowserSession:
         self.cdp = None
         self.nodes: dict[str, TreeNode] = {}
         self.navigating = False  # a main-frame navigation was requested and its document has not loaded yet
+        self.stale_tree = False  # the last tree's root was not named for the page's title (see observe_settled)
         context.on("request", self._on_request)
         context.on("requestfailed", self._on_request_done)
         context.on("requestfinished", self._on_request_finished)
@@ -93,6 +95,9 @@ class BrowserSession:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         await asyncio.sleep(settle_ms / 1000)
+        # An accessibility tree still named for the previous document (its root's name is not the page's title,
+        # seen under load right after a navigation) is looked at again, for at most STALE_TREE_S.
+        stale_until = min(deadline, loop.time() + STALE_TREE_S)
         while True:
             while self.navigating and loop.time() < deadline:
                 await asyncio.sleep(0.01)
@@ -101,6 +106,7 @@ class BrowserSession:
             except _playwright_error():  # a slow page is observed as it is, as in the reference
                 pass
             tabs, tree, busy = await self.observe()
+            busy = busy or (self.stale_tree and loop.time() < stale_until)
             if (not self.navigating and not busy) or loop.time() >= deadline:
                 self.navigating = False
                 return tabs, tree
@@ -113,6 +119,8 @@ class BrowserSession:
         tree, self.nodes = build_tree(ax, snapshot, VIEWPORT)
         busy = any(p.get("name") == "busy" and p.get("value", {}).get("value") for p in ax[0].get("properties") or []) \
             if ax else True
+        root = " ".join(str((ax[0].get("name") or {}).get("value", "")).split()) if ax else ""
+        self.stale_tree = bool(ax) and root != " ".join((await self.page.title()).split())
         titles = []
         for i, tab in enumerate(self.context.pages):
             title = await tab.title()
