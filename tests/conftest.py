@@ -53,7 +53,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     from zmq.utils.garbage import gc as zmq_gc
 
     for obj in gc.get_objects():
-        if issubclass(type(obj), zmq.Context) and obj is not zmq_gc._context and not obj.closed:  # type(): no lazy attribute
+        # type(), not isinstance: isinstance reads __class__, which warns on torch's deprecated lazy attributes
+        if issubclass(type(obj), zmq.Context) and obj is not zmq_gc._context and not obj.closed:
             obj.destroy(linger=0)
 
 
