@@ -101,8 +101,8 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
     turn_shaped: list[float] = []  # the format reward inside each entry of turn_rewards
     metrics = {"env_reward": 0.0, "format_reward": 0.0, "valid_actions": 0.0, "judged_turns": 0.0,
                "success": 0.0, "gen_tokens": 0.0, "gen_seconds": 0.0, "env_seconds": 0.0}
-    given: dict[str, set[str]] = {}  # observation -> the replies given to it so far (limits.resample_repeats)
-    answered: dict[str, set[str]] = {}  # the same, for limits.repeat_penalty and the repeated_turns count
+    # observation -> the replies (`_said`) given to it so far: resample_repeats, repeat_penalty, repeated_turns
+    given: dict[str, set[str]] = {}
     termination = Termination.HORIZON
     started = time.monotonic()
     try:
@@ -165,7 +165,7 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             valid = step.valid_action  # True, False, or None: the env cannot tell
             clean = limits.format_reward_on == "valid" or step.parse_rule in ("strict", "exact")
             shaped = limits.format_reward if valid is True and clean else 0.0
-            penalty = _repeat_penalty(answered.setdefault(seen, set()), reply, limits.repeat_penalty, metrics)
+            penalty = _repeat_penalty(given.setdefault(seen, set()), reply, limits.repeat_penalty, metrics)
             turn_rewards.append(float(step.reward) + shaped - penalty)
             turn_shaped.append(shaped)
             action = step.info.get("action") if isinstance(step.info, dict) else None
@@ -216,9 +216,9 @@ async def _unrepeated(policy: Policy, request: GenerationRequest, gen: Generatio
     """`gen`, or when the episode already gave that reply (case and surrounding space aside) to the same
     observation, a new sample at limits.resample_temperature, up to limits.resample_repeats times until one
     differs (the last one is kept either way). Counts the turns resampled and the samples drawn in
-    `metrics`."""
+    `metrics`. `given` is only read here: the turn's reply joins it once the env took it (`_repeat_penalty`)."""
     def text(g: GenerationResult) -> str:
-        return chat.tok.decode(g.token_ids, skip_special_tokens=True).strip().lower()
+        return _said(chat.tok.decode(g.token_ids, skip_special_tokens=True))
 
     again = replace(request, temperature=limits.resample_temperature, top_p=1.0)
     tries, said = 0, text(gen)
@@ -229,16 +229,20 @@ async def _unrepeated(policy: Policy, request: GenerationRequest, gen: Generatio
     if tries:
         metrics["resampled_turns"] = metrics.get("resampled_turns", 0.0) + 1
         metrics["resamples"] = metrics.get("resamples", 0.0) + tries
-    given.add(said)
     return gen
 
 
-def _repeat_penalty(answered: set[str], reply: str, penalty: float, metrics: dict) -> float:
-    """`penalty` when `reply` (case and surrounding space aside) is among the replies already given to this
-    observation (`answered`, then updated), else 0; counts the repeated turns in `metrics` (penalty or not)."""
-    said = reply.strip().lower()
-    if said not in answered:
-        answered.add(said)
+def _said(reply: str) -> str:
+    """A reply as repeats are judged: case and surrounding space aside."""
+    return reply.strip().lower()
+
+
+def _repeat_penalty(given: set[str], reply: str, penalty: float, metrics: dict) -> float:
+    """`penalty` when `reply` is among the replies already given to this observation (`given`, then updated),
+    else 0; counts the repeated turns in `metrics` (penalty or not)."""
+    said = _said(reply)
+    if said not in given:
+        given.add(said)
         return 0.0
     metrics["repeated_turns"] = metrics.get("repeated_turns", 0.0) + 1
     if penalty:
