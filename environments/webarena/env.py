@@ -119,12 +119,14 @@ class BrowserSession:
         tree, self.nodes = build_tree(ax, snapshot, VIEWPORT)
         busy = any(p.get("name") == "busy" and p.get("value", {}).get("value") for p in ax[0].get("properties") or []) \
             if ax else True
-        root = " ".join(str((ax[0].get("name") or {}).get("value", "")).split()) if ax else ""
-        self.stale_tree = bool(ax) and root != " ".join((await self.page.title()).split())
-        titles = []
+        titles, current = [], ""
         for i, tab in enumerate(self.context.pages):
             title = await tab.title()
+            if tab is self.page:
+                current = title
             titles.append(f"Tab {i} (current): {title}" if tab is self.page else f"Tab {i}: {title}")
+        root = " ".join(str((ax[0].get("name") or {}).get("value", "")).split()) if ax else ""
+        self.stale_tree = bool(ax) and root != " ".join(current.split())
         return " | ".join(titles), tree, busy
 
     async def close(self) -> None:
