@@ -1,4 +1,4 @@
-"""Confidence intervals for the rates an evaluation reports.
+"""Confidence intervals for the rates an evaluation reports, and the quantiles benches and probes print.
 
 `wilson_interval` is the Wilson score interval of a binomial proportion: unlike the normal approximation it
 stays inside [0, 1] and does not collapse to a point at 0 or n successes, which matters for the small samples
@@ -9,6 +9,14 @@ score as if it were a success probability.
 from __future__ import annotations
 
 import math
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile of `values` (q in [0, 1]); nan when there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -16,6 +16,7 @@ import random
 import sys
 from dataclasses import dataclass
 
+from core.stats import percentile
 from environments.babyai import NUM_ITEMS, listed_actions
 from environments.babyai.env import BabyAIEnv
 from environments.babyai.expert import run_expert
@@ -68,15 +69,15 @@ def probe_level(env: BabyAIEnv, level: str, seeds: int, limits: list[int], exper
     return LevelProbe(level, len(items), within, sorted(turns), failed)
 
 
-def percentile(values: list[int], q: float) -> str:
-    return str(values[min(len(values) - 1, int(q * len(values)))]) if values else "-"
+def quantile(values: list[int], q: float) -> str:
+    return str(int(percentile(values, q))) if values else "-"
 
 
 def row(p: LevelProbe) -> str:
     randoms = " | ".join(f"{p.random_within[limit]:.2f}" for limit in p.random_within)
     t = p.expert_turns
-    return (f"| {p.level} | {p.items} | {randoms} | {percentile(t, 0.25)} / {percentile(t, 0.5)} / "
-            f"{percentile(t, 0.75)} / {t[-1] if t else '-'} | {p.expert_failed} |")
+    return (f"| {p.level} | {p.items} | {randoms} | {quantile(t, 0.25)} / {quantile(t, 0.5)} / "
+            f"{quantile(t, 0.75)} / {t[-1] if t else '-'} | {p.expert_failed} |")
 
 
 def main(argv: list[str]) -> int:

@@ -37,6 +37,7 @@ import threading
 import time
 import zlib
 
+from core.stats import percentile
 from launch.bench.report import emit, table
 
 HEADERS = ("measurement", "episodes", "steps", "seconds", "steps/s", "reset p50 ms", "reset p95 ms")
@@ -91,11 +92,6 @@ def tail_policy(tokenizer, choose):
             return await super().generate(dataclasses.replace(request, prompt_ids=request.prompt_ids[start:]))
 
     return TailScriptedPolicy()
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def raw_window(family: str, seconds: float, horizon: int, start: int, chat=None) -> dict:
@@ -176,7 +172,7 @@ def main(argv: list[str]) -> int:
     rows, figures = [], {}
     tc = raw_window("textcraft", args.seconds, 30, 0)
     rate = tc["steps"] / tc["seconds"]
-    p50, p95 = (1000 * _percentile(tc["resets"], q) for q in (0.5, 0.95))
+    p50, p95 = (1000 * percentile(tc["resets"], q) for q in (0.5, 0.95))
     rows.append(("textcraft raw", tc["episodes"], tc["steps"], tc["seconds"], rate, p50, p95))
     figures.update({"textcraft_raw_steps_per_s": rate, "textcraft_reset_p50_ms": p50,
                     "textcraft_reset_p95_ms": p95})
@@ -194,7 +190,7 @@ def main(argv: list[str]) -> int:
                 runs[f"pool{k}"].append(asyncio.run(pool_window(supervisor, k * args.slots, args.seconds,
                                                                 args.horizon, 100_000 * (k + 1) + 1000 * r)))
     resets = [x for run in runs["raw"] for x in run["resets"]]
-    p50, p95 = (1000 * _percentile(resets, q) for q in (0.5, 0.95))
+    p50, p95 = (1000 * percentile(resets, q) for q in (0.5, 0.95))
     figures.update({"babyai_reset_p50_ms": p50, "babyai_reset_p95_ms": p95})
     rates = {name: [run["steps"] / run["seconds"] for run in rs] for name, rs in runs.items()}
     for name, rs in runs.items():

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.stats import percentile
 from launch.bench.report import emit, table
 
 TRAINABLE = {"done", "horizon", "context_limit"}
@@ -66,13 +67,6 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 class CountingPools:
