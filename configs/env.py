@@ -28,6 +28,11 @@ class BabyAIConfig:
     (empty: none, the reference's observations). The default's, "Name exactly one of the available actions.",
     repeats what the env says after a reply that names none, so the first turn ends as every turn after a
     miss does."""
+    generated_train_seeds: int = spec(0, ge=0)
+    """Training items beyond the split: this many more seeds of each level in `levels` (every level when it is
+    empty), from seed 1000 upward, past the 900-id split space and the seeds `eval.item_set=unseen` takes, added to
+    the train split (0: the split alone, the reference's). The split holds about 20 items of each level, which a
+    few dozen steps see again and again."""
 
     def validate(self) -> list[tuple[str, str]]:
         if self.prompt == "brief" and self.parse_mode != "lenient":

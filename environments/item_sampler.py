@@ -1,7 +1,8 @@
 """Drawing training items by the configured env mix: a family by weight (`env.mix`), then an item of its split.
 
 Each family's items come from environments.splits (the dataset files or generated splits), narrowed by the
-family's `select_items(family_cfg, ids)` hook when it has one (e.g. BabyAI's `env.babyai.levels`). The
+family's `select_items(family_cfg, ids)` hook when it has one (e.g. BabyAI's `env.babyai.levels`); the train
+split also takes the items of a `generated_train_items(family_cfg)` hook (BabyAI's `generated_train_seeds`). The
 agentgym_http family takes the split of the task its server hosts and names the items `agentgym_http_<n>`.
 Families of your own (`env.families`) are registered here before their names are resolved.
 Draws come from core.sampler.ItemSampler: seeded epochs per family and a state that resumes exactly; a family
@@ -32,7 +33,12 @@ def family_items(name: str, env_cfg: Any, split: str, cache_dir: str | None = No
     if ids is None or (env_cfg.data_dir and split_path(env_cfg.data_dir, name, split).is_file()):
         ids = load_split(name, split, env_cfg.data_dir, cache_dir)
     select = family.extras.get("select_items")
-    return select(family_config(name, env_cfg), ids) if select else ids
+    ids = select(family_config(name, env_cfg), ids) if select else ids
+    generated = family.extras.get("generated_train_items")  # e.g. env.babyai.generated_train_seeds
+    if split == "train" and generated is not None:
+        have = set(ids)
+        ids = list(ids) + [i for i in generated(family_config(name, env_cfg)) if i not in have]
+    return ids
 
 
 def mix_sampler(env_cfg: Any, split: str = "train", seed: int = 0, cache_dir: str | None = None) -> ItemSampler:

@@ -90,3 +90,26 @@ def test_http_items_route_to_the_http_family(tmp_path):
     assert family_of("webshop_12", cfg) == "agentgym_http"
     with pytest.raises(ValueError, match="alfworld"):
         family_of("alfworld_1", cfg)
+
+
+def test_generated_train_seeds_add_items_no_split_or_unseen_evaluation_holds(tmp_path):
+    from environments.babyai import GENERATED_FIRST_SEED, unseen_items
+    from environments.babyai.levels import level_and_seed
+
+    cfg = EnvConfig(mix={"babyai": 1.0})
+    cfg.babyai.levels = ["GoToRedBall", "PickupLoc"]
+    split = family_items("babyai", cfg, "train", cache_dir=str(tmp_path))
+    test = family_items("babyai", cfg, "test", cache_dir=str(tmp_path))
+    cfg.babyai.generated_train_seeds = 5
+    assert family_items("babyai", cfg, "test", cache_dir=str(tmp_path)) == test  # only training takes them
+    train = family_items("babyai", cfg, "train", cache_dir=str(tmp_path))
+    added = train[len(split):]
+    assert train[:len(split)] == split and len(added) == 10
+    assert {level_and_seed(i) for i in added} == {(lv, s) for lv in ("GoToRedBall", "PickupLoc")
+                                                  for s in range(GENERATED_FIRST_SEED, GENERATED_FIRST_SEED + 5)}
+    taken = set(split) | set(test)
+    assert not set(added) & (taken | set(unseen_items(cfg.babyai, taken, 0)))
+    sampler = mix_sampler(cfg, "train", seed=0, cache_dir=str(tmp_path))
+    assert set(added) <= {sampler.next_item() for _ in range(20 * len(train))}  # they are drawn
+    with pytest.raises(ValueError, match="eval.limit=4000"):  # unseen seeds would run into the generated ones
+        unseen_items(cfg.babyai, taken, 4000)

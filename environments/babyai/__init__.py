@@ -35,28 +35,44 @@ def select_items(cfg: Any, item_ids: list[str]) -> list[str]:
     """Keep the items of the levels named in `cfg.levels` (all of them when it is empty)."""
     if not cfg.levels:
         return list(item_ids)
-    unknown = sorted(set(cfg.levels) - set(LEVELS))
-    if unknown:
-        raise ValueError(f"env.babyai.levels: unknown level(s) {', '.join(unknown)}")
-    wanted = set(cfg.levels)
+    wanted = set(_levels(cfg))
     return [i for i in item_ids if level_of(i) in wanted]
 
 
 UNSEEN_PER_LEVEL = 30  # eval.item_set=unseen with eval.limit 0: this many seeds of each level
+GENERATED_FIRST_SEED = 1000  # env.babyai.generated_train_seeds start here; unseen evaluation seeds stay below
+
+
+def _levels(cfg: Any) -> list[str]:
+    levels = list(cfg.levels) or list(LEVELS)
+    unknown = sorted(set(levels) - set(LEVELS))
+    if unknown:
+        raise ValueError(f"env.babyai.levels: unknown level(s) {', '.join(unknown)}")
+    return levels
+
+
+def generated_train_items(cfg: Any) -> list[str]:
+    """`cfg.generated_train_seeds` seeds of each level of `cfg.levels` (all when empty) from seed 1000 upward, seed
+    by seed through the levels: training items outside every split and every unseen evaluation item."""
+    levels = _levels(cfg)
+    return [f"babyai_{seed * len(LEVELS) + LEVELS.index(level)}"
+            for seed in range(GENERATED_FIRST_SEED, GENERATED_FIRST_SEED + cfg.generated_train_seeds)
+            for level in levels]
 
 
 def unseen_items(cfg: Any, taken: set[str], count: int) -> list[str]:
     """`count` ids (0: 30 per level) of the levels of `cfg.levels` (all when empty) that are not in `taken`, seeds
     upward from the first past the 900-id split space (seed 23), seed by seed through the levels in their
     configured order, so any prefix is balanced across levels."""
-    levels = list(cfg.levels) or list(LEVELS)
-    unknown = sorted(set(levels) - set(LEVELS))
-    if unknown:
-        raise ValueError(f"env.babyai.levels: unknown level(s) {', '.join(unknown)}")
+    levels = _levels(cfg)
     count = count or UNSEEN_PER_LEVEL * len(levels)
     ids: list[str] = []
     seed = -(-NUM_ITEMS // len(LEVELS))
     while len(ids) < count:
+        if seed >= GENERATED_FIRST_SEED:
+            raise ValueError(f"eval.limit={count}: more unseen BabyAI items than the seeds below "
+                             f"{GENERATED_FIRST_SEED} hold (the seeds from there on are "
+                             "env.babyai.generated_train_seeds' training items)")
         for level in levels:
             item = f"babyai_{seed * len(LEVELS) + LEVELS.index(level)}"
             if item not in taken and len(ids) < count:
@@ -85,5 +101,6 @@ FAMILY = Family(
         "item_label": level_of,  # eval reports break results down by level
         "available_actions": listed_actions,  # the random baseline chooses among them
         "unseen_items": unseen_items,  # eval.item_set=unseen
+        "generated_train_items": generated_train_items,  # env.babyai.generated_train_seeds
     },
 )
