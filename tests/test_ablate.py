@@ -119,6 +119,10 @@ def test_a_runs_time_is_read_from_what_it_wrote_so_a_reused_run_counts_too(tmp_p
     assert run_minutes(tmp_path / "never-ran") == (0.0, 0.0)
     line = budget_line({"decoupled": {0: run}, "coupled": {0: tmp_path / "never-ran"}})
     assert line.startswith("2 runs: 17 min of training and 6 min of evaluation in all"), line
+    from launch.ablate.runs import invocation_line
+
+    assert invocation_line(132.4) == "this invocation 132 min"
+    assert invocation_line(0.1).startswith("this invocation trained nothing")  # a --reuse that only reports
 
 
 def _ablate(kind: str, tiny_model_dir, tmp_path, *options: str) -> tuple[list[str], Path]:
@@ -199,3 +203,16 @@ def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_mod
     assert [step for step, _, _ in curve] == [1, 2] and curve[0][2]["episodes"] == 1
     assert curve[1][1] == pytest.approx(curve[0][1] + 5.0)  # wall-clock: the steps' own seconds, summed
     assert json.loads((run_dir / "curve" / "step_00000001" / "eval_report.json").read_text())["item_set"] == "unseen"
+
+
+def test_the_offpolicy_report_pairs_the_variants_seed_by_seed():
+    from launch.ablate.offpolicy_report import paired
+
+    point = lambda rate: {"success_rate": rate}  # noqa: E731
+    curves = {"decoupled": {0: [(6, 60.0, point(0.5)), (12, 120.0, point(0.7))], 1: [(12, 90.0, point(0.4))]},
+              "coupled": {0: [(6, 70.0, point(0.1)), (12, 140.0, point(0.6))], 1: [(12, 95.0, point(0.5))],
+                          2: [(12, 99.0, point(0.9))]}}
+    line, = paired(curves)
+    assert "+0.100 (seed 0), -0.100 (seed 1); ahead on 1 of 2" in line, line  # seed 2 ran one variant only
+    assert line.endswith("Averaged over the steps both evaluated: +0.250, -0.100."), line
+    assert paired({"decoupled": {0: []}, "coupled": {1: []}}) == []

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from core.metrics import read_jsonl
-from launch.ablate.runs import budget_line
+from launch.ablate.runs import budget_line, invocation_line
 
 LABELS = {"scaling": "ScalingInter-RL", "fixed_short": "fixed short", "fixed_long": "fixed long"}
 COLORS = {"scaling": "tab:green", "fixed_short": "tab:blue", "fixed_long": "tab:red"}
@@ -148,8 +148,8 @@ def write_report(path: Path, runs: dict[str, dict[int, Path]], args: argparse.Na
                                              "ScalingInter-RL run of its seed")
     lines = [
         f"# Horizon ablation: fixed short, fixed long and ScalingInter-RL at {title}", "",
-        f"Produced by `{command}` on {today} ({os.cpu_count()} cores; {budget_line(runs)}; this invocation "
-        f"{minutes:.0f} min).", "",
+        f"Produced by `{command}` on {today} ({os.cpu_count()} cores; {budget_line(runs)}; "
+        f"{invocation_line(minutes)}).", "",
         f"Setup: `{args.config}`{' with ' + ' '.join(f'`{o}`' for o in args.overrides) if args.overrides else ''}; "
         f"short {args.short} turns, long {args.long}, ScalingInter-RL in {args.stages} stages over {args.steps} "
         f"steps; {how}. Seeds {', '.join(map(str, args.seeds))}. Final evaluation: greedy, at {args.long} turns, on "

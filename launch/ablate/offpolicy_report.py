@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from launch.ablate.horizon_report import compare, final_eval, fmt, spread, step_rows, unseen_curve
-from launch.ablate.runs import budget_line
+from launch.ablate.runs import budget_line, invocation_line
 
 LABELS = {"decoupled": "decoupled (correction on)", "coupled": "coupled (correction off)", "sync": "eta = 0 (sync)"}
 COLORS = {"decoupled": "tab:green", "coupled": "tab:red", "sync": "tab:blue"}
@@ -83,6 +83,26 @@ def reading(means: dict[str, float], ranges: dict[str, tuple[float, float]], eta
     return lines
 
 
+def paired(curves: dict[str, dict[int, list[tuple[int, float, dict]]]], a: str = "decoupled",
+           b: str = "coupled") -> list[str]:
+    """Seed by seed (same seed, same items), `a` minus `b`: at the final evaluation and averaged over every step
+    both evaluated (how much sooner one learns); empty when no seed ran both."""
+    seeds = sorted(set(curves.get(a, {})) & set(curves.get(b, {})))
+    if not seeds:
+        return []
+    finals, averages = [], []
+    for seed in seeds:
+        at = {v: {step: p["success_rate"] for step, _, p in curves[v][seed]} for v in (a, b)}
+        steps = sorted(set(at[a]) & set(at[b]))
+        finals.append(at[a][max(at[a])] - at[b][max(at[b])])
+        averages.append(sum(at[a][s] - at[b][s] for s in steps) / len(steps))
+    ahead = sum(d > 0 for d in finals)
+    said = ", ".join(f"{d:+.3f} (seed {s})" for d, s in zip(finals, seeds))
+    over = ", ".join(f"{d:+.3f}" for d in averages)
+    return [f"Seed by seed, {LABELS[a]} minus {LABELS[b]} at the final evaluation: {said}; ahead on {ahead} of "
+            f"{len(seeds)}. Averaged over the steps both evaluated: {over}."]
+
+
 def write_report(path: Path, runs: dict[str, dict[int, Path]], args: argparse.Namespace, command: str,
                  minutes: float, today: str, slots: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,8 +114,8 @@ def write_report(path: Path, runs: dict[str, dict[int, Path]], args: argparse.Na
     setup = f"`{args.config}`" + (" with " + " ".join(f"`{o}`" for o in args.overrides) if args.overrides else "")
     lines = [
         f"# Off-policy ablation: decoupled PPO with and without its correction at eta = {args.eta}", "",
-        f"Produced by `{command}` on {today} ({os.cpu_count()} cores; {budget_line(runs)}; this invocation "
-        f"{minutes:.0f} min).", "",
+        f"Produced by `{command}` on {today} ({os.cpu_count()} cores; {budget_line(runs)}; "
+        f"{invocation_line(minutes)}).", "",
         f"Setup: {setup}; every run {args.steps} learner step{'s' if args.steps != 1 else ''}, env.slots_per_actor={slots} (so that {args.eta} "
         f"versions of batches can be in flight). Variants: decoupled PPO (ratio around the proximal policy, "
         f"importance weight truncated at algorithm.behaviour_weight_cap) and coupled (algorithm.policy_loss=coupled: "
@@ -127,4 +147,6 @@ def write_report(path: Path, runs: dict[str, dict[int, Path]], args: argparse.Na
               "Wall-clock: the sum of the steps' own seconds (waiting for a batch, training, publishing the weights; "
               "start-up and the evaluations left out). The untrained model stands at step 0.", "", "## Reading", ""]
     lines += [f"- {line}" for line in reading(means, ranges, args.eta, len(args.seeds), stale)]
+    curves = {v: {seed: unseen_curve(d) for seed, d in by_seed.items()} for v, by_seed in runs.items()}
+    lines += [f"- {line}" for line in paired(curves)]
     path.write_text("\n".join(lines) + "\n")

@@ -70,6 +70,13 @@ def run_minutes(run_dir: Path) -> tuple[float, float]:
     return train, evals
 
 
+def invocation_line(minutes: float) -> str:
+    """How long the command that wrote a report ran: a --reuse invocation that trained nothing says so instead of
+    `0 min`, which the header's run minutes would seem to contradict."""
+    return f"this invocation {minutes:.0f} min" if minutes >= 0.5 else \
+        "this invocation trained nothing: every run was read back with --reuse"
+
+
 def budget_line(runs: dict[str, dict[int, Path]]) -> str:
     """What the ablation's runs took, in their own figures (a report's header; true whether or not --reuse)."""
     parts = [run_minutes(d) for by_seed in runs.values() for d in by_seed.values()]
