@@ -11,6 +11,7 @@ from launch.ablate.runs import budget_line, invocation_line
 
 LABELS = {"decoupled": "decoupled (correction on)", "coupled": "coupled (correction off)", "sync": "eta = 0 (sync)"}
 COLORS = {"decoupled": "tab:green", "coupled": "tab:red", "sync": "tab:blue"}
+Curves = dict[str, dict[int, list[tuple[int, float, dict]]]]  # variant -> seed -> unseen_curve(run)
 
 
 def mean_staleness(run_dir: Path) -> tuple[float, float]:
@@ -30,7 +31,7 @@ def mean_staleness(run_dir: Path) -> tuple[float, float]:
     return (total / weight if weight else 0.0), float(largest)
 
 
-def plot(runs: dict[str, dict[int, Path]], untrained: dict | None, out_png: Path) -> None:
+def plot(curves: Curves, untrained: dict | None, out_png: Path) -> None:
     """Success on unseen items against learner steps (left) and against the steps' wall-clock (right), each
     seed's 95% interval shaded."""
     import matplotlib
@@ -39,10 +40,9 @@ def plot(runs: dict[str, dict[int, Path]], untrained: dict | None, out_png: Path
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    for variant, by_seed in runs.items():
-        for i, (_, run_dir) in enumerate(sorted(by_seed.items())):
-            points = [(0, 0.0, untrained)] if untrained else []
-            points += unseen_curve(run_dir)
+    for variant, by_seed in curves.items():
+        for i, (_, curve) in enumerate(sorted(by_seed.items())):
+            points = ([(0, 0.0, untrained)] if untrained else []) + curve
             for ax, xs in zip(axes, ([s for s, _, _ in points], [t / 60 for _, t, _ in points])):
                 ax.plot(xs, [p["success_rate"] for _, _, p in points], color=COLORS[variant], marker="o",
                         markersize=3, linewidth=1.2, alpha=0.8, label=LABELS[variant] if i == 0 else None)
@@ -83,8 +83,7 @@ def reading(means: dict[str, float], ranges: dict[str, tuple[float, float]], eta
     return lines
 
 
-def paired(curves: dict[str, dict[int, list[tuple[int, float, dict]]]], a: str = "decoupled",
-           b: str = "coupled") -> list[str]:
+def paired(curves: Curves, a: str = "decoupled", b: str = "coupled") -> list[str]:
     """Seed by seed (same seed, same items), `a` minus `b`: at the final evaluation and averaged over every step
     both evaluated (how much sooner one learns); empty when no seed ran both."""
     seeds = sorted(set(curves.get(a, {})) & set(curves.get(b, {})))
@@ -109,7 +108,8 @@ def write_report(path: Path, runs: dict[str, dict[int, Path]], args: argparse.Na
     png = path.with_suffix(".png")
     evals = {v: {s: final_eval(d) for s, d in by_seed.items()} for v, by_seed in runs.items()}
     base = next((ev for by_seed in evals.values() for ev in by_seed.values() if "random" in ev), None)
-    plot(runs, base.get("untrained") if base else None, png)
+    curves = {v: {seed: unseen_curve(d) for seed, d in by_seed.items()} for v, by_seed in runs.items()}
+    plot(curves, base.get("untrained") if base else None, png)
     items = next(iter(next(iter(evals.values())).values()))["items"]
     setup = f"`{args.config}`" + (" with " + " ".join(f"`{o}`" for o in args.overrides) if args.overrides else "")
     lines = [
@@ -131,7 +131,7 @@ def write_report(path: Path, runs: dict[str, dict[int, Path]], args: argparse.Na
     for variant, by_seed in evals.items():
         ages = []
         for seed, ev in sorted(by_seed.items()):
-            step, seconds, _ = unseen_curve(runs[variant][seed])[-1]
+            step, seconds, _ = curves[variant][seed][-1]
             age, oldest = mean_staleness(runs[variant][seed])
             ages.append(age)
             lines.append(f"| {LABELS[variant]} | {seed} | {step} | {seconds / 60:.1f} | {age:.2f} ({oldest:.0f}) | "
@@ -147,6 +147,5 @@ def write_report(path: Path, runs: dict[str, dict[int, Path]], args: argparse.Na
               "Wall-clock: the sum of the steps' own seconds (waiting for a batch, training, publishing the weights; "
               "start-up and the evaluations left out). The untrained model stands at step 0.", "", "## Reading", ""]
     lines += [f"- {line}" for line in reading(means, ranges, args.eta, len(args.seeds), stale)]
-    curves = {v: {seed: unseen_curve(d) for seed, d in by_seed.items()} for v, by_seed in runs.items()}
     lines += [f"- {line}" for line in paired(curves)]
     path.write_text("\n".join(lines) + "\n")

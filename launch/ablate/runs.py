@@ -71,10 +71,9 @@ def run_minutes(run_dir: Path) -> tuple[float, float]:
 
 
 def invocation_line(minutes: float) -> str:
-    """How long the command that wrote a report ran: a --reuse invocation that trained nothing says so instead of
-    `0 min`, which the header's run minutes would seem to contradict."""
-    return f"this invocation {minutes:.0f} min" if minutes >= 0.5 else \
-        "this invocation trained nothing: every run was read back with --reuse"
+    """How long the command that wrote a report ran; "under a minute" rather than `0 min` (a --reuse invocation
+    that only reads its runs back), which the header's run minutes beside it would seem to contradict."""
+    return f"this invocation {minutes:.0f} min" if minutes >= 0.5 else "this invocation under a minute"
 
 
 def budget_line(runs: dict[str, dict[int, Path]]) -> str:
