@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from actors.owner_watch import start_time
 from configs.load import load_config
 from core.horizon import HorizonSchedule
 from environments.item_sampler import mix_sampler
@@ -66,12 +67,4 @@ def schedule_of(overrides: list[str]) -> HorizonSchedule:
 
 def alive(pid: int) -> bool:
     """Whether a process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for this purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"
-    except OSError:
-        return False
+    return start_time(pid) is not None
