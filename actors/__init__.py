@@ -14,6 +14,7 @@ of this package (core.role_log), before any library prints.
 | `group_buffer` | the samples of each item assembled into whole groups, in completion or start order |
 | `seat_pool` | the generator's engine seats, handed out by group age, held briefly for an episode's next turn |
 | `session_slots` | admission of episodes to one generator, sized so their prefixes stay in the KV cache |
+| `owner_watch` | a process that exits when its owner does: the vLLM engine core ends with its generator |
 | `update_gate` | holding a generator's requests while a weight update runs, the same on every supported vLLM |
 | `zero_engine` | DeepSpeed plumbing for the learner: process group, ZeRO engine, small collectives, full weights |
 | `weights` | getting the learner's weights into every replica's vLLM in place: the torch ends (a package) |

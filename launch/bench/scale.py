@@ -12,7 +12,7 @@ the learner ranks and the step's logging.
 
 For each number of episodes in flight (the coordinator's groups in flight times the group size) and each number
 of env actors, the run fills the pipeline, waits until as many trajectories as are in flight have arrived (one
-turnover), then measures for `--seconds` (longer, until `--min-episodes` have ended, if asked), then stops
+turnover), then measures for `--seconds` (longer, until `--min-episodes` have ended and arrived, if asked), then stops
 admitting and drains every episode. Each actor gets env slots for its share (`env.slots_per_actor` = in flight /
 actors), so every episode in flight holds a slot. Reported:
 - episodes/s (summaries back at the coordinator) and trajectories/s (filed by it);
@@ -199,11 +199,13 @@ def run_level(in_flight: int, actors: int, args: argparse.Namespace, tokenizer_d
         pool_cpu0 = sum(cpu_s(p) for p in pids)
         peak_driver, peak_actors, in_flight_seen = 0, 0, []
         with CollectorClock() as collector:
-            # the window lasts `--seconds`, and longer (up to `--warmup-s` more) until `--min-episodes` have ended:
-            # a rate over a window in which nothing ended says nothing
+            # the window lasts `--seconds`, and longer (up to `--warmup-s` more) until `--min-episodes` have ended
+            # and as many trajectories have reached the coordinator: a rate over a window in which nothing ended
+            # (or nothing arrived) says nothing
             limit = args.seconds + args.warmup_s
             while time.monotonic() - t0 < args.seconds or (
-                    pools.completed - done0 < args.min_episodes and time.monotonic() - t0 < limit):
+                    min(pools.completed - done0, coordinator._received - recv0) < args.min_episodes
+                    and time.monotonic() - t0 < limit):
                 await asyncio.sleep(0.5)
                 peak_driver = max(peak_driver, rss_kb(os.getpid()))
                 peak_actors = max(peak_actors, sum(rss_kb(p) for p in pids))
