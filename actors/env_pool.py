@@ -37,6 +37,7 @@ from typing import Any, Callable
 from actors.episode_summary import EpisodeSummary
 from core.chat import ChatFormat
 from core.cpu_affinity import pin_to_cores
+from core.tokenizer_load import load as load_tokenizer
 from core.curve import CurveClient
 from core.env import Env, Observation, StepResult, close_or_kill
 from core.heap import freeze_startup_heap
@@ -72,14 +73,14 @@ class EnvPool:
                  trajectory_endpoint: str | None, name: str = "", send_timeout_s: float | None = 600.0,
                  env_factory: Callable[[str, Any], Env] | None = None,
                  close_timeout_s: float = ENV_CLOSE_TIMEOUT_S, trajectory_curve: CurveClient | None = None,
-                 tokenizer: Any = None):
+                 tokenizer_class: str = ""):
         """`env_cfg` is the `env` config section; `policy` a picklable core.policy.Policy; the tokenizer in
         `tokenizer_dir` renders the chat; `trajectory_endpoint` the coordinator's receiver (None: nothing is
         sent, for local use); `env_factory(family, env_cfg)` replaces the registry (tests use it);
-        `trajectory_curve` this actor's CURVE credentials when the channel is authenticated. `tokenizer`: that
-        tokenizer already loaded by the caller (AutoTokenizer) and sent here pickled: unpickling it imports its
-        class alone, where AutoTokenizer imports torch through transformers' auto classes (about 4 CPU-seconds
-        of every pool's start, most of it)."""
+        `trajectory_curve` this actor's CURVE credentials when the channel is authenticated. `tokenizer_class`:
+        the class of that tokenizer as the caller loaded it (core.tokenizer_load.class_path): loaded by it here,
+        without AutoTokenizer, which imports torch through transformers' auto classes (about 4 CPU-seconds of
+        every pool's start, most of it)."""
         pin_to_cores(getattr(env_cfg, "cpu_cores", []), "env.cpu_cores")
         self.name = name or f"envpool-{os.getpid()}"
         self.incarnation = uuid.uuid4().hex[:12]  # changes when Ray restarts this actor
@@ -87,11 +88,7 @@ class EnvPool:
         self.policy = policy
         self.limits = dataclasses.replace(limits, step_timeout_s=env_cfg.step_timeout_s,
                                           reset_timeout_s=env_cfg.reset_timeout_s)
-        if tokenizer is None:
-            from transformers import AutoTokenizer  # heavy: only where a pool really starts
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        self.chat = ChatFormat(tokenizer)
+        self.chat = ChatFormat(load_tokenizer(tokenizer_dir, tokenizer_class))
         self._factory = env_factory or make_env
         self._close_timeout_s = close_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None  # semaphores belong to one event loop

@@ -10,7 +10,8 @@ model's. What must hold:
 - The reply is `Action:\n<action>`, which every family's parser accepts in both modes; its tokens are marked
   as sampled by version 0 with logprob 0 (nothing here is ever trained). A reply longer than the turn's token
   limit is cut as a sampler's would be (the env then rejects it: raise rollout.max_tokens_per_turn).
-- It is picklable (the tokenizer is loaded on first use in the process that runs the episodes).
+- It is picklable: it travels with its tokenizer's class name and loads the tokenizer by it on first use, in the
+  process that runs the episodes (core.tokenizer_load: no torch import there, no large Ray argument).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import random
 from typing import Any
 
 from core.policy import GenerationRequest, GenerationResult
+from core.tokenizer_load import class_path, load as load_tokenizer
 from environments.item_sampler import family_of
 from environments.registry import get_family
 
@@ -43,23 +45,23 @@ class RandomPolicy:
         """`env_cfg`: the `env` config section (resolves an item's family); `seed` varies every choice."""
         self.tokenizer_dir, self.env_cfg, self.seed = tokenizer_dir, env_cfg, seed
         self._tok = None
+        self._tok_class = ""  # set when unpickled: the class the sender loaded
         self.calls = 0
 
     def __getstate__(self) -> dict:
-        # the tokenizer travels loaded: unpickling it imports its class alone, where loading it again in the env
-        # pool (AutoTokenizer) would import torch there (about 4 CPU-seconds of the pool's start)
-        return {"tokenizer_dir": self.tokenizer_dir, "env_cfg": self.env_cfg, "seed": self.seed, "tok": self.tok}
+        # the tokenizer's class travels, named: the env pool loads it by that class, where AutoTokenizer would
+        # import torch there (about 4 CPU-seconds of the pool's start); core.tokenizer_load
+        return {"tokenizer_dir": self.tokenizer_dir, "env_cfg": self.env_cfg, "seed": self.seed,
+                "tok_class": self._tok_class or class_path(self.tok)}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["tokenizer_dir"], state["env_cfg"], state["seed"])
-        self._tok = state.get("tok")
+        self._tok_class = state.get("tok_class", "")
 
     @property
     def tok(self) -> Any:
         if self._tok is None:
-            from transformers import AutoTokenizer
-
-            self._tok = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+            self._tok = load_tokenizer(self.tokenizer_dir, self._tok_class)
         return self._tok
 
     def choose(self, request: GenerationRequest, conversation: str) -> str:

@@ -13,6 +13,7 @@ advantages, loss, staleness gate, checkpoint layout. Never imports ray, vllm or 
 | `env` | the env interface every family implements (reset, step, close), and the worker thread of blocking envs |
 | `policy` | what the rollout loop asks of a policy: token ids in, sampled ids with logprobs and versions out |
 | `chat` | token-level chat formatting: the template rendered once, every later piece appended |
+| `tokenizer_load` | a tokenizer loaded by its class name, as AutoTokenizer would, without importing torch |
 | `rollout` | the multi-turn agent loop: one episode of reset, generate, step, ... emitted as one `Trajectory` |
 | `scripted_policy` | a policy that writes scripted replies instead of sampling them, for tests and env benchmarks |
 | `transcript` | an episode as turns of text a person can read, decoded from the record's tokens |

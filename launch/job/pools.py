@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import functools
 import logging
 from typing import Any, Callable
 
@@ -58,14 +57,14 @@ def pool_names(n: int, prefix: str = "envpool") -> list[str]:
     return [f"{prefix}-{k}" for k in range(n)]
 
 
-@functools.lru_cache(maxsize=4)
-def sent_tokenizer(tokenizer_dir: str) -> Any:
-    """The tokenizer every pool is sent (actors/env_pool.py), loaded once per process here. A driver that writes
-    transcripts (logging.episodes_every) or evaluates loads it anyway (launch.job.episodes), so each pool's load
-    is saved outright; one that does neither pays it once here instead of once per pool start."""
-    from transformers import AutoTokenizer
+def sent_tokenizer_class(tokenizer_dir: str) -> str:
+    """The class of the tokenizer in `tokenizer_dir` as AutoTokenizer resolves it, named for every pool
+    (core.tokenizer_load). Each pool loads that class itself, without AutoTokenizer's import of torch. The driver
+    loads the tokenizer once (launch.job.episodes.chat_for: it writes transcripts and evaluates with it too)."""
+    from core.tokenizer_load import class_path
+    from launch.job.episodes import chat_for
 
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
+    return class_path(chat_for(tokenizer_dir).tok)
 
 
 class PoolSupervisor:
@@ -87,7 +86,7 @@ class PoolSupervisor:
                                          else with_role_log(options, log_dir, actor_name))).remote(
                            env_cfg, policy, tokenizer_dir, limits, trajectory_endpoint, actor_name, send_timeout_s,
                            env_factory, trajectory_curve=trajectory_curve[actor_name] if trajectory_curve else None,
-                           tokenizer=sent_tokenizer(tokenizer_dir))
+                           tokenizer_class=sent_tokenizer_class(tokenizer_dir))
                        for actor_name in self.names]
         self._in_flight: list[dict[str, EpisodeSpec]] = [{} for _ in range(count)]
         self._incarnations: list[str | None] = [None] * count
