@@ -37,12 +37,12 @@ from typing import Any, Callable
 from actors.episode_summary import EpisodeSummary
 from core.chat import ChatFormat
 from core.cpu_affinity import pin_to_cores
-from core.tokenizer_load import load as load_tokenizer
 from core.curve import CurveClient
 from core.env import Env, Observation, StepResult, close_or_kill
 from core.heap import freeze_startup_heap
 from core.policy import Policy
 from core.rollout import EpisodeLimits, EpisodeSpec, run_episode
+from core.tokenizer_load import load as load_tokenizer
 from core.trajectory import Termination, Trajectory
 from core.transport import TrajectorySender
 from environments.item_sampler import family_of

@@ -13,8 +13,8 @@ the learner ranks and the step's logging.
 For each number of episodes in flight (the coordinator's groups in flight times the group size) and each number
 of env actors, the run fills the pipeline, waits until as many trajectories as are in flight have arrived (one
 turnover), then measures for `--seconds` (longer, until `--min-episodes` have ended and arrived, if asked),
-then stops admitting and drains every episode. Each actor gets env slots for its share (`env.slots_per_actor` = in flight /
-actors), so every episode in flight holds a slot. Reported:
+then stops admitting and drains every episode. Each actor gets env slots for its share (`env.slots_per_actor` =
+in flight / actors), so every episode in flight holds a slot. Reported:
 - episodes/s (summaries back at the coordinator) and trajectories/s (filed by it);
 - the driver's CPU ms per trajectory (process CPU time of the driver, all its threads, Ray's included), and
   the part of it spent in CPython's cyclic garbage collector (`driver gc ms/traj`; see core/heap.py), and the
