@@ -125,13 +125,19 @@ def test_a_runs_time_is_read_from_what_it_wrote_so_a_reused_run_counts_too(tmp_p
     assert invocation_line(0.1) == "this invocation under a minute"  # a --reuse that only reports
 
 
+# Each command starts six processes' worth of Ray, vLLM and DeepSpeed (three runs, two baseline evaluations, and
+# here a checkpoint's): about 5 minutes alone on a 2-core machine, and three times that on a loaded 2-core CI
+# whose other workers run such jobs too (the off-policy one passed 900 s there). Bounded, not quick.
+CALL_S, TEST_S = 1500, 1800
+
+
 def _ablate(kind: str, tiny_model_dir, tmp_path, *options: str) -> tuple[list[str], Path]:
     report = tmp_path / "results" / f"{kind}.md"
     cmd = [sys.executable, "-m", "launch.ablate", kind, "--config", str(TINY_RECIPE), "--steps", "1", "--seeds", "0",
            "--eval-limit", "1", "--runs", str(tmp_path / "runs"), "--report", str(report), *options,
            f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "env.slots_per_actor=8",
            "logging.episodes_every=1", "logging.episodes_per_sample=2"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CALL_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return cmd, report
 
@@ -141,6 +147,7 @@ def _steps(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TEST_S)
 def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_report(tiny_model_dir, tmp_path):
     cmd, report = _ablate("horizon", tiny_model_dir, tmp_path, "--short", "2", "--long", "3", "--stages", "2")
     for variant, want in (("scaling", {2.0}), ("fixed_short", {2.0}), ("fixed_long", {3.0})):
@@ -169,6 +176,7 @@ def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_r
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TEST_S)
 def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_model_dir, tmp_path):
     _, report = _ablate("offpolicy", tiny_model_dir, tmp_path, "--eta", "2", "--eval-every", "1")
     metrics = {v: _steps(tmp_path / "runs" / f"{v}-s0") for v in ("decoupled", "coupled", "sync")}

@@ -26,12 +26,13 @@ def test_the_verdict_reads_the_margin_the_long_limit_each_level_and_the_extra_tu
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a run and four evaluations: 600 s on a loaded 2-core CI (default 900)
 def test_the_results_command_trains_evaluates_both_limits_and_writes_the_page(tiny_model_dir, tmp_path):
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "launch.results", "default", "--config", str(TINY_RECIPE), "--runs",
            str(tmp_path / "run"), "--out", str(out), "--long-turns", "4", "--eval-limit", "1",
            f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "trainer.total_steps=1"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     # both limits were evaluated by the run itself (eval.long_max_turns), its base weights at each before step 1
     assert "evaluating at" not in run.stdout
