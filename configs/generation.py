@@ -46,6 +46,11 @@ class RolloutConfig:
     """`turn`: every paid turn earns format_reward, so an episode's total grows with its length (a policy can
     earn it by stalling on valid actions until the horizon); `episode`: each paid turn earns format_reward /
     the episode's turns, so the total is at most format_reward, whatever the length."""
+    format_reward_no_ops: bool = spec(False)
+    """Also pay format_reward for an accepted action the env reports changed nothing (BabyAI: `check available
+    actions`, which every observation's listing makes redundant, or a `go to` of the object already faced).
+    Paid per turn, such a no-op taught the default's policy to repeat `check available actions` until the turn
+    limit (docs/results/README.md); envs that cannot tell are paid as before."""
     repeat_penalty: float = spec(0.0, ge=0)
     """Subtracted from a turn's reward when its reply (case and surrounding space aside) was already given to
     the same observation earlier in the episode: a loop, since an action that changed nothing leaves the

@@ -43,6 +43,9 @@ class StepResult:
     parse_rule: str  # which rule found the action: "strict", "lenient", "exact" (the whole reply), or "none"
     success: bool = False  # the task was solved (meaningful once done)
     score: float | None = None  # the env's own raw score where it has one (e.g. SciWorld 0-100)
+    # False: the action was accepted but changed nothing in the world (BabyAI's `check available actions`, a
+    # `go to` of the object already faced); the format reward does not pay for it. None: the env cannot tell.
+    changed: bool | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
 

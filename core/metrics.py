@@ -85,6 +85,9 @@ def rollout_metrics(trajectories: Iterable[Trajectory], version: int | None = No
     out["rollout/turns_mean"] = turns / len(trajs)
     # replies already given to the same observation in the episode: loops on an action that changed nothing
     out["rollout/repeated_turn_frac"] = sum(t.metrics.get("repeated_turns", 0.0) for t in trajs) / max(1, turns)
+    # accepted actions the env says changed nothing (e.g. BabyAI's `check available actions`): the format
+    # reward does not pay them unless rollout.format_reward_no_ops
+    out["rollout/no_op_turn_frac"] = sum(t.metrics.get("no_op_turns", 0.0) for t in trajs) / max(1, turns)
     out["rollout/tokens_mean"] = _mean([t.num_tokens for t in trajs])
     out["rollout/gen_tokens_mean"] = _mean([t.metrics.get("gen_tokens", 0.0) for t in trajs])
     out["rollout/horizon"] = float(max(t.horizon for t in trajs))

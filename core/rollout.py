@@ -21,6 +21,9 @@ What must hold:
 - The format reward is paid only for a turn the env judged valid (`valid_action is True`); a turn whose
   validity the env cannot tell (None) earns none. Metrics count `valid_actions` (accepted) and `judged_turns`
   (turns with a known verdict, accepted or not), so the valid-action fraction covers judged turns only.
+  Nor is it paid for an accepted action the env says changed nothing (`StepResult.changed is False`, counted
+  in `no_op_turns`), unless `format_reward_no_ops`: a listed no-op such as BabyAI's `check available actions`
+  is exactly an action, and paid per turn a policy learned to repeat it until the turn limit.
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ class EpisodeLimits:
     format_reward: float = 0.0  # added to a turn's reward when the env judged its action valid (not unknown)
     format_reward_on: str = "valid"  # or "clean": only when the reply kept to the format (rule strict or exact)
     format_reward_per: str = "turn"  # or "episode": an episode earns format_reward x its paid turns' share
+    format_reward_no_ops: bool = False  # also pay an accepted action the env says changed nothing
     repeat_penalty: float = 0.0  # taken from a turn whose reply was already given to the same observation
     instruction_role: str = "system"
     resample_repeats: int = 0  # evaluation only: tries at a reply not already given to the same observation
@@ -164,7 +168,10 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
                 metrics["env_seconds"] += time.monotonic() - t0
             valid = step.valid_action  # True, False, or None: the env cannot tell
             clean = limits.format_reward_on == "valid" or step.parse_rule in ("strict", "exact")
-            shaped = limits.format_reward if valid is True and clean else 0.0
+            no_op = step.changed is False
+            paid = valid is True and clean and (limits.format_reward_no_ops or not no_op)
+            shaped = limits.format_reward if paid else 0.0
+            metrics["no_op_turns"] = metrics.get("no_op_turns", 0.0) + float(no_op)
             penalty = _repeat_penalty(given.setdefault(seen, set()), reply, limits.repeat_penalty, metrics)
             turn_rewards.append(float(step.reward) + shaped - penalty)
             turn_shaped.append(shaped)

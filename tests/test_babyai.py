@@ -129,6 +129,16 @@ def test_check_available_actions_takes_no_step():
     result = env.step("Action: check available actions")
     assert result.valid_action and result.observation.startswith("You can take the following actions: turn left")
     assert state(env) == before
+    assert result.changed is False  # the format reward does not pay it (core.rollout)
+
+
+def test_an_action_says_whether_it_changed_the_world():
+    env = BabyAIEnv(parse_mode="strict")
+    env.reset("babyai_0")
+    assert env.step("Action: go to grey key 1").changed is True
+    again = env.step("Action: go to grey key 1")  # already facing it: accepted, and nothing moves
+    assert again.valid_action and again.changed is False
+    assert env.step("Action: turn left").changed is True
 
 
 def _noise() -> str:

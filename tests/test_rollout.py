@@ -202,6 +202,23 @@ def test_format_reward_on_clean_pays_only_replies_in_the_format(tiny_tokenizer, 
     assert traj.metrics["valid_actions"] == 3.0
 
 
+@pytest.mark.parametrize("no_ops, want", [(False, [0.0, 0.1, 0.0]), (True, [0.1, 0.1, 0.1])])
+def test_the_format_reward_does_not_pay_an_action_that_changed_nothing(tiny_tokenizer, no_ops, want):
+    """On the real BabyAI env: `check available actions` is exactly a listed action, but it changes nothing
+    (every observation lists the actions), so it earns no format reward unless format_reward_no_ops; a turn
+    does."""
+    from core.env import run_sync_env
+    from environments.babyai.env import BabyAIEnv
+
+    replies = iter(["check available actions", "turn right", "check available actions"])
+    policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: next(replies), version=1)
+    env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
+    traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_1", "g", 0, horizon=3),
+                format_reward=0.1, format_reward_on="clean", format_reward_no_ops=no_ops)
+    np.testing.assert_allclose(traj.turn_rewards, want)
+    assert traj.metrics["valid_actions"] == 3.0 and traj.metrics["no_op_turns"] == 2.0
+
+
 def test_every_turn_of_an_episode_carries_its_groups_priority(tiny_tokenizer):
     policy = _Requests(tiny_tokenizer)
     spec = EpisodeSpec("e-7", "toy_1", "group-7", 0, horizon=3, priority=7)

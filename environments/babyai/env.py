@@ -107,7 +107,8 @@ class BabyAIEnv(SyncEnv):
                               info={"action": action})
         if action == CHECK:
             text = "You can take the following actions: " + ", ".join(self.table.actions)
-            return StepResult(f"{text}\n{self.listing()}", 0.0, False, True, parsed.rule, info={"action": action})
+            return StepResult(f"{text}\n{self.listing()}", 0.0, False, True, parsed.rule, changed=False,
+                              info={"action": action})
         return self._execute(action, parsed.rule)
 
     def _signature(self) -> tuple:
@@ -121,6 +122,7 @@ class BabyAIEnv(SyncEnv):
 
     def _execute(self, action: str, rule: str) -> StepResult:
         reward, terminated, truncated, taken = 0.0, False, False, 0
+        start = self._signature()
         for primitive in self.table.actions[action]:
             before = self._signature()
             _, r, terminated, truncated, _ = self.game.step(primitive)
@@ -141,5 +143,6 @@ class BabyAIEnv(SyncEnv):
         elif truncated:
             status = "\nYou have run out of steps for this task."
         text = f"{self.view.describe()}{status}\n{self.listing()}"
-        return StepResult(text, reward, self.done, True, rule, success=success,
+        changed = self.done or reward > 0 or self._signature() != start
+        return StepResult(text, reward, self.done, True, rule, success=success, changed=changed,
                           info={"action": action, "primitives": taken, "step_count": int(self.game.step_count)})
