@@ -46,6 +46,10 @@ class StepResult:
     # False: the action was accepted but changed nothing in the world (BabyAI's `check available actions`, a
     # `go to` of the object already faced); the format reward does not pay for it. None: the env cannot tell.
     changed: bool | None = None
+    # True: the action took the world back to a state this episode was already in (a `pickup` then a `drop` of
+    # one object, a turn left then right); the format reward does not pay for it either. None: the env cannot
+    # tell (and an action that changed nothing is `changed=False`, not a revisit).
+    revisited: bool | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
 

@@ -23,7 +23,10 @@ What must hold:
   (turns with a known verdict, accepted or not), so the valid-action fraction covers judged turns only.
   Nor is it paid for an accepted action the env says changed nothing (`StepResult.changed is False`, counted
   in `no_op_turns`), unless `format_reward_no_ops`: a listed no-op such as BabyAI's `check available actions`
-  is exactly an action, and paid per turn a policy learned to repeat it until the turn limit.
+  is exactly an action, and paid per turn a policy learned to repeat it until the turn limit. Nor for one that
+  took the world back to a state the episode was already in (`StepResult.revisited`, counted in
+  `revisit_turns`), unless `format_reward_revisits`: paid, a `pickup` then `drop` of one object earned it
+  every turn of a loop.
 """
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ class EpisodeLimits:
     format_reward_on: str = "valid"  # or "clean": only when the reply kept to the format (rule strict or exact)
     format_reward_per: str = "turn"  # or "episode": an episode earns format_reward x its paid turns' share
     format_reward_no_ops: bool = False  # also pay an accepted action the env says changed nothing
+    format_reward_revisits: bool = False  # also pay one that returned the world to a state the episode was in
     repeat_penalty: float = 0.0  # taken from a turn whose reply was already given to the same observation
     instruction_role: str = "system"
     resample_repeats: int = 0  # evaluation only: tries at a reply not already given to the same observation
@@ -169,9 +173,12 @@ async def run_episode(env: Env, policy: Policy, chat: ChatFormat, spec: EpisodeS
             valid = step.valid_action  # True, False, or None: the env cannot tell
             clean = limits.format_reward_on == "valid" or step.parse_rule in ("strict", "exact")
             no_op = step.changed is False
-            paid = valid is True and clean and (limits.format_reward_no_ops or not no_op)
+            revisit = step.revisited is True and not no_op
+            paid = (valid is True and clean and (limits.format_reward_no_ops or not no_op)
+                    and (limits.format_reward_revisits or not revisit))
             shaped = limits.format_reward if paid else 0.0
             metrics["no_op_turns"] = metrics.get("no_op_turns", 0.0) + float(no_op)
+            metrics["revisit_turns"] = metrics.get("revisit_turns", 0.0) + float(revisit)
             penalty = _repeat_penalty(given.setdefault(seen, set()), reply, limits.repeat_penalty, metrics)
             turn_rewards.append(float(step.reward) + shaped - penalty)
             turn_shaped.append(shaped)

@@ -141,6 +141,20 @@ def test_an_action_says_whether_it_changed_the_world():
     assert env.step("Action: turn left").changed is True
 
 
+def test_an_action_says_whether_it_took_the_world_back_to_a_state_the_episode_was_in():
+    """The pickup/drop loop greedy policies fell into: the first pickup and drop are new states, every later
+    one is a state the episode was already in; so is turning back to where one started."""
+    env = BabyAIEnv(parse_mode="strict")
+    env.reset("babyai_0")
+    said = [(r.changed, r.revisited) for r in (env.step(f"Action: {a}") for a in (
+        "turn left", "turn right", "check available actions", "pickup grey key 1", "drop", "pickup grey key 1",
+        "drop"))]
+    assert said == [(True, False), (True, True), (False, None), (True, False), (True, False), (True, True),
+                    (True, True)]
+    env.reset("babyai_0")  # a new episode remembers nothing of the last
+    assert env.step("Action: turn left").revisited is False
+
+
 def _noise() -> str:
     rng = random.Random(3)
     return "".join(rng.choice(string.printable + "éß漢🙂") for _ in range(10_000))

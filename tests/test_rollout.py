@@ -197,7 +197,7 @@ def test_format_reward_on_clean_pays_only_replies_in_the_format(tiny_tokenizer, 
     policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: next(replies), version=1)
     env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
     traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_1", "g", 0, horizon=3),
-                format_reward=0.1, format_reward_on=on)
+                format_reward=0.1, format_reward_on=on, format_reward_revisits=True)  # turns back: revisits
     np.testing.assert_allclose(traj.turn_rewards, want)
     assert traj.metrics["valid_actions"] == 3.0
 
@@ -217,6 +217,23 @@ def test_the_format_reward_does_not_pay_an_action_that_changed_nothing(tiny_toke
                 format_reward=0.1, format_reward_on="clean", format_reward_no_ops=no_ops)
     np.testing.assert_allclose(traj.turn_rewards, want)
     assert traj.metrics["valid_actions"] == 3.0 and traj.metrics["no_op_turns"] == 2.0
+
+
+@pytest.mark.parametrize("revisits, want", [(False, [0.1, 0.1, 0.0, 0.0]), (True, [0.1] * 4)])
+def test_the_format_reward_does_not_pay_a_return_to_a_state_already_visited(tiny_tokenizer, revisits, want):
+    """On the real BabyAI env: `pickup` then `drop` of one object, twice. The second pickup and drop take the
+    world back to states the episode was in, so they earn no format reward unless format_reward_revisits."""
+    from core.env import run_sync_env
+    from environments.babyai.env import BabyAIEnv
+
+    replies = iter(["pickup grey key 1", "drop"] * 2)
+    policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: next(replies), version=1)
+    env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
+    traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_0", "g", 0, horizon=4),
+                format_reward=0.1, format_reward_on="clean", format_reward_revisits=revisits)
+    np.testing.assert_allclose(traj.turn_rewards, want)
+    assert traj.metrics["valid_actions"] == 4.0 and traj.metrics["revisit_turns"] == 2.0
+    assert traj.metrics["no_op_turns"] == 0.0
 
 
 def test_every_turn_of_an_episode_carries_its_groups_priority(tiny_tokenizer):
@@ -239,7 +256,8 @@ def test_format_reward_per_episode_does_not_grow_with_the_episode(tiny_tokenizer
         policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: "turn right", version=1)
         env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
         traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_1", "g", 0, horizon=horizon),
-                    format_reward=0.1, format_reward_on="clean", format_reward_per=per)
+                    format_reward=0.1, format_reward_on="clean", format_reward_per=per,
+                    format_reward_revisits=True)  # the fourth turn right faces where the first started
         assert traj.num_turns == horizon and traj.metrics["env_reward"] == 0.0
         totals[per] = float(np.sum(traj.turn_rewards))
         assert traj.metrics["format_reward"] == pytest.approx(totals[per])

@@ -46,6 +46,7 @@ class BabyAIEnv(SyncEnv):
         self.level = ""
         self.mission = ""
         self.done = True
+        self._visited: set[int] = set()
         self.view: View | None = None
         self.table: MacroTable | None = None
 
@@ -61,6 +62,7 @@ class BabyAIEnv(SyncEnv):
         with contextlib.redirect_stdout(io.StringIO()):  # minigrid prints each rejected level layout it retries
             self.game.reset(seed=seed)
         self.level, self.mission, self.done = level, self.game.mission, False
+        self._visited = {self._state()}  # every state this episode has been in (`StepResult.revisited`)
         self._look()
         text = f"Your goal: {self.mission}\n{self.view.describe()}\n{self.listing()}"
         return Observation(text=text, instruction=self.instruction,
@@ -117,6 +119,14 @@ class BabyAIEnv(SyncEnv):
         return (tuple(int(v) for v in g.agent_pos), int(g.agent_dir), id(g.carrying), id(front),
                 getattr(front, "is_open", None), getattr(front, "is_locked", None))
 
+    def _state(self) -> int:
+        """The world as actions can change it: the agent's place and direction, what it carries, and the grid
+        (objects, doors and their states; two objects of one type and colour are interchangeable)."""
+        g = self.game
+        carrying = (g.carrying.type, g.carrying.color) if g.carrying is not None else None
+        place = tuple(int(v) for v in g.agent_pos)
+        return hash((place, int(g.agent_dir), carrying, g.grid.encode().tobytes()))
+
     def _in_grid(self, pos) -> bool:
         return 0 <= pos[0] < self.game.grid.width and 0 <= pos[1] < self.game.grid.height
 
@@ -144,5 +154,9 @@ class BabyAIEnv(SyncEnv):
             status = "\nYou have run out of steps for this task."
         text = f"{self.view.describe()}{status}\n{self.listing()}"
         changed = self.done or reward > 0 or self._signature() != start
+        state = self._state()
+        revisited = changed and not self.done and state in self._visited
+        self._visited.add(state)
         return StepResult(text, reward, self.done, True, rule, success=success, changed=changed,
+                          revisited=revisited,
                           info={"action": action, "primitives": taken, "step_count": int(self.game.step_count)})

@@ -106,7 +106,9 @@ class TrainingSession:
             top_p=cfg.rollout.top_p, format_reward=cfg.rollout.format_reward,
             format_reward_on=cfg.rollout.format_reward_on,
             format_reward_per=cfg.rollout.format_reward_per,
-            format_reward_no_ops=cfg.rollout.format_reward_no_ops, repeat_penalty=cfg.rollout.repeat_penalty,
+            format_reward_no_ops=cfg.rollout.format_reward_no_ops,
+            format_reward_revisits=cfg.rollout.format_reward_revisits,
+            repeat_penalty=cfg.rollout.repeat_penalty,
             instruction_role=cfg.rollout.instruction_role)
         self.roles = Roles.start(cfg, model_dir, advertised(self.receiver.endpoints), limits,
                                  resume_learner=self.resume_from / "learner" if self.resume_from else None,
