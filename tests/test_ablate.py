@@ -3,8 +3,6 @@ end to end on the tiny model, one learner step per variant (each variant trains 
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,7 +10,7 @@ from core.metrics import read_jsonl
 from environments.babyai.levels import level_of
 from launch.ablate.horizon import LEVELS, stage_schedule
 from launch.ablate.horizon_report import reading
-from tests.training_runs import ROOT, TINY_RECIPE
+from tests.training_runs import ABLATE_TEST_S, ROOT, ablate, trained_steps
 
 
 @pytest.mark.parametrize("short, long, stages, steps, want", [
@@ -125,34 +123,13 @@ def test_a_runs_time_is_read_from_what_it_wrote_so_a_reused_run_counts_too(tmp_p
     assert invocation_line(0.1) == "this invocation under a minute"  # a --reuse that only reports
 
 
-# Each command starts six processes' worth of Ray, vLLM and DeepSpeed (three runs, two baseline evaluations, and
-# here a checkpoint's): about 5 minutes alone on a 2-core machine, and three times that on a loaded 2-core CI
-# whose other workers run such jobs too (the off-policy one passed 900 s there). Bounded, not quick.
-CALL_S, TEST_S = 1500, 1800
-
-
-def _ablate(kind: str, tiny_model_dir, tmp_path, *options: str) -> tuple[list[str], Path]:
-    report = tmp_path / "results" / f"{kind}.md"
-    cmd = [sys.executable, "-m", "launch.ablate", kind, "--config", str(TINY_RECIPE), "--steps", "1", "--seeds", "0",
-           "--eval-limit", "1", "--runs", str(tmp_path / "runs"), "--report", str(report), *options,
-           f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "env.slots_per_actor=8",
-           "logging.episodes_every=1", "logging.episodes_per_sample=2"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CALL_S)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return cmd, report
-
-
-def _steps(run_dir: Path) -> list[dict]:
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "rollout/trained_turns_total" in r]
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(TEST_S)
+@pytest.mark.timeout(ABLATE_TEST_S)
 def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_report(tiny_model_dir, tmp_path):
-    cmd, report = _ablate("horizon", tiny_model_dir, tmp_path, "--short", "2", "--long", "3", "--stages", "2")
+    cmd, report = ablate("horizon", tiny_model_dir, tmp_path, "--short", "2", "--long", "3", "--stages", "2")
     for variant, want in (("scaling", {2.0}), ("fixed_short", {2.0}), ("fixed_long", {3.0})):
         run_dir = tmp_path / "runs" / f"{variant}-s0"
-        rows = _steps(run_dir)
+        rows = trained_steps(run_dir)
         assert [r["step"] for r in rows] == [1], variant  # equal learner steps: one each
         assert {r["rollout/horizon"] for r in rows} == want, variant
         sample = read_jsonl(run_dir / "episodes.jsonl")  # the training run's transcripts, one sample per step
@@ -173,44 +150,6 @@ def test_the_horizon_command_runs_every_variant_for_equal_steps_and_writes_its_r
     assert again.stdout.count("reusing the finished run") == 3 and "training (" not in again.stdout
     tables = lambda page: [line for line in page.split("## Reading")[0].splitlines() if line.startswith("|")]  # noqa
     assert tables(report.read_text()) == tables(text)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(TEST_S)
-def test_the_offpolicy_command_runs_every_variant_and_writes_its_report(tiny_model_dir, tmp_path):
-    _, report = _ablate("offpolicy", tiny_model_dir, tmp_path, "--eta", "2", "--eval-every", "1")
-    metrics = {v: _steps(tmp_path / "runs" / f"{v}-s0") for v in ("decoupled", "coupled", "sync")}
-    assert all([r["step"] for r in rows] == [1] for rows in metrics.values()), metrics
-    coupled = metrics["coupled"][0]  # no importance weight at all: exactly 1, nothing truncated
-    assert coupled["train/is_weight_mean"] == 1.0 and coupled["train/is_weight_max"] == 1.0
-    assert coupled["train/truncated_frac"] == 0.0
-    text = report.read_text()
-    for needle in ("at eta = 2", "3 runs: ", " min of training and ", "| decoupled (correction on) | 0 | 1 |", "| coupled (correction off) | 0 | 1 |",
-                   "| eta = 0 (sync) | 0 | 1 |", "random policy", "untrained model", "## Reading",
-                   "offpolicy.png", "trainer.max_staleness=2"):
-        assert needle in text, needle
-    assert (report.parent / "offpolicy.png").stat().st_size > 10_000
-    # --eval-every: a checkpoint before the run's last step is evaluated on the same items into curve/step_N (here
-    # the run's metrics are made to go on past its one checkpoint, so that it counts as an earlier one).
-    import argparse
-    import json
-
-    from launch.ablate.runs import evaluate_checkpoints
-    from launch.ablate.horizon_report import unseen_curve
-
-    run_dir = tmp_path / "runs" / "decoupled-s0"
-    assert (run_dir / "checkpoints" / "step_00000001").is_dir() and not (run_dir / "curve").exists()
-    later = {**metrics["decoupled"][0], "step": 2, "perf/step_seconds": 5.0}
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(later) + "\n")
-    args = argparse.Namespace(config=str(TINY_RECIPE), eval_limit=1, overrides=[f"model.path={tiny_model_dir}",
-                              "logging.wandb_mode=disabled", "env.slots_per_actor=8"], keep_checkpoints=False)
-    evaluate_checkpoints("decoupled-s0", run_dir, args, eval_turns=2)
-    assert not (run_dir / "checkpoints" / "step_00000001").exists()  # evaluated, then removed
-    curve = unseen_curve(run_dir)
-    assert [step for step, _, _ in curve] == [1, 2] and curve[0][2]["episodes"] == 1
-    assert curve[1][1] == pytest.approx(curve[0][1] + 5.0)  # wall-clock: the steps' own seconds, summed
-    assert json.loads((run_dir / "curve" / "step_00000001" / "eval_report.json").read_text())["item_set"] == "unseen"
 
 
 def test_the_offpolicy_report_pairs_the_variants_seed_by_seed():

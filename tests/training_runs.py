@@ -68,3 +68,27 @@ def schedule_of(overrides: list[str]) -> HorizonSchedule:
 def alive(pid: int) -> bool:
     """Whether a process exists and is not a zombie."""
     return start_time(pid) is not None
+
+
+# An ablation command starts six processes' worth of Ray, vLLM and DeepSpeed (three runs, two baseline
+# evaluations, and for the off-policy one a checkpoint's): about 5 minutes alone on a 2-core machine, three
+# times that on a loaded 2-core CI whose other workers run such jobs too (the off-policy one passed 900 s
+# there). Bounded, not quick.
+ABLATE_CALL_S, ABLATE_TEST_S = 1500, 1800
+
+
+def ablate(kind: str, tiny_model_dir, tmp_path, *options: str) -> tuple[list[str], Path]:
+    """`python -m launch.ablate KIND` on the tiny recipe, one step and one seed per variant; returns its command
+    and its report's path."""
+    report = tmp_path / "results" / f"{kind}.md"
+    cmd = [sys.executable, "-m", "launch.ablate", kind, "--config", str(TINY_RECIPE), "--steps", "1",
+           "--seeds", "0", "--eval-limit", "1", "--runs", str(tmp_path / "runs"), "--report", str(report), *options,
+           f"model.path={tiny_model_dir}", "logging.wandb_mode=disabled", "env.slots_per_actor=8",
+           "logging.episodes_every=1", "logging.episodes_per_sample=2"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=ABLATE_CALL_S)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return cmd, report
+
+
+def trained_steps(run_dir: Path) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "rollout/trained_turns_total" in r]
