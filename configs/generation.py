@@ -51,11 +51,11 @@ class RolloutConfig:
     actions`, which every observation's listing makes redundant, or a `go to` of the object already faced).
     Paid per turn, such a no-op taught the default's policy to repeat `check available actions` until the turn
     limit (docs/results/README.md); envs that cannot tell are paid as before."""
-    format_reward_revisits: bool = spec(False)
-    """Also pay format_reward for an accepted action that brings the episode back to a state it was already in
+    format_reward_revisits: bool = spec(True)
+    """Pay format_reward also for an accepted action that brings the episode back to a state it was already in
     (BabyAI: the agent's place, direction, what it carries and the grid). Paid, a `pickup` and `drop` of one
-    object, repeated, earned format reward every turn, and greedy policies looped on it until the turn limit
-    (docs/results/README.md); envs that cannot tell are paid as before."""
+    object, repeated, earns it every turn, and greedy policies looped on that until the turn limit; `false`
+    withholds it, but the default's seed 1 trained so did worse, not better (docs/results/README.md)."""
     repeat_penalty: float = spec(0.0, ge=0)
     """Subtracted from a turn's reward when its reply (case and surrounding space aside) was already given to
     the same observation earlier in the episode: a loop, since an action that changed nothing leaves the

@@ -47,8 +47,8 @@ class StepResult:
     # `go to` of the object already faced); the format reward does not pay for it. None: the env cannot tell.
     changed: bool | None = None
     # True: the action took the world back to a state this episode was already in (a `pickup` then a `drop` of
-    # one object, a turn left then right); the format reward does not pay for it either. None: the env cannot
-    # tell (and an action that changed nothing is `changed=False`, not a revisit).
+    # one object, a turn left then right); the format reward pays it only if rollout.format_reward_revisits.
+    # None: the env cannot tell (and an action that changed nothing is `changed=False`, not a revisit).
     revisited: bool | None = None
     info: dict[str, Any] = field(default_factory=dict)
 

@@ -89,7 +89,7 @@ def rollout_metrics(trajectories: Iterable[Trajectory], version: int | None = No
     # reward does not pay them unless rollout.format_reward_no_ops
     out["rollout/no_op_turn_frac"] = sum(t.metrics.get("no_op_turns", 0.0) for t in trajs) / max(1, turns)
     # accepted actions that took the world back to a state the episode was already in (a pickup/drop loop):
-    # unpaid too, unless rollout.format_reward_revisits
+    # unpaid when rollout.format_reward_revisits is off
     out["rollout/revisit_turn_frac"] = sum(t.metrics.get("revisit_turns", 0.0) for t in trajs) / max(1, turns)
     out["rollout/tokens_mean"] = _mean([t.num_tokens for t in trajs])
     out["rollout/gen_tokens_mean"] = _mean([t.metrics.get("gen_tokens", 0.0) for t in trajs])

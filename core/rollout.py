@@ -25,8 +25,8 @@ What must hold:
   in `no_op_turns`), unless `format_reward_no_ops`: a listed no-op such as BabyAI's `check available actions`
   is exactly an action, and paid per turn a policy learned to repeat it until the turn limit. Nor for one that
   took the world back to a state the episode was already in (`StepResult.revisited`, counted in
-  `revisit_turns`), unless `format_reward_revisits`: paid, a `pickup` then `drop` of one object earned it
-  every turn of a loop.
+  `revisit_turns`), when `format_reward_revisits` is off (it is on by default): paid, a `pickup` then `drop`
+  of one object earns it every turn of a loop.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class EpisodeLimits:
     format_reward_on: str = "valid"  # or "clean": only when the reply kept to the format (rule strict or exact)
     format_reward_per: str = "turn"  # or "episode": an episode earns format_reward x its paid turns' share
     format_reward_no_ops: bool = False  # also pay an accepted action the env says changed nothing
-    format_reward_revisits: bool = False  # also pay one that returned the world to a state the episode was in
+    format_reward_revisits: bool = True  # also pay one that returned the world to a state the episode was in
     repeat_penalty: float = 0.0  # taken from a turn whose reply was already given to the same observation
     instruction_role: str = "system"
     resample_repeats: int = 0  # evaluation only: tries at a reply not already given to the same observation
