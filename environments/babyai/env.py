@@ -46,7 +46,7 @@ class BabyAIEnv(SyncEnv):
         self.level = ""
         self.mission = ""
         self.done = True
-        self._visited: set[int] = set()
+        self._visited: set[tuple] = set()
         self.view: View | None = None
         self.table: MacroTable | None = None
 
@@ -119,13 +119,13 @@ class BabyAIEnv(SyncEnv):
         return (tuple(int(v) for v in g.agent_pos), int(g.agent_dir), id(g.carrying), id(front),
                 getattr(front, "is_open", None), getattr(front, "is_locked", None))
 
-    def _state(self) -> int:
+    def _state(self) -> tuple:
         """The world as actions can change it: the agent's place and direction, what it carries, and the grid
         (objects, doors and their states; two objects of one type and colour are interchangeable)."""
         g = self.game
         carrying = (g.carrying.type, g.carrying.color) if g.carrying is not None else None
         place = tuple(int(v) for v in g.agent_pos)
-        return hash((place, int(g.agent_dir), carrying, g.grid.encode().tobytes()))
+        return place, int(g.agent_dir), carrying, g.grid.encode().tobytes()
 
     def _in_grid(self, pos) -> bool:
         return 0 <= pos[0] < self.game.grid.width and 0 <= pos[1] < self.game.grid.height
