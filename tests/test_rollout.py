@@ -186,18 +186,24 @@ def test_min_tokens_reach_the_policy_capped_by_the_room_left(tiny_tokenizer):
     assert [lo for lo, _ in unset.limits] == [0, 0]
 
 
+def _babyai_episode(tokenizer, replies, item_id: str, horizon: int, **limits):
+    """One episode of the real BabyAI env (lenient parser, brief prompt); the policy says `replies`."""
+    from core.env import run_sync_env
+    from environments.babyai.env import BabyAIEnv
+
+    said = iter(replies)
+    policy = ScriptedPolicy(tokenizer, lambda conversation: next(said), version=1)
+    env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
+    return _run(env, policy, tokenizer, spec=EpisodeSpec("e", item_id, "g", 0, horizon=horizon), **limits)
+
+
 @pytest.mark.parametrize("on, want", [("valid", [0.1, 0.1, 0.1]), ("clean", [0.0, 0.1, 0.0])])
 def test_format_reward_on_clean_pays_only_replies_in_the_format(tiny_tokenizer, on, want):
     """On the real BabyAI env (lenient parser): prose that names an action steps the env under both settings,
     but under `clean` only the reply that is exactly the action earns the format reward."""
-    from core.env import run_sync_env
-    from environments.babyai.env import BabyAIEnv
-
-    replies = iter(["I think I should turn left here", "turn right", "maybe turn left again"])
-    policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: next(replies), version=1)
-    env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
-    traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_1", "g", 0, horizon=3),
-                format_reward=0.1, format_reward_on=on, format_reward_revisits=True)  # turns back: revisits
+    replies = ["I think I should turn left here", "turn right", "maybe turn left again"]
+    traj = _babyai_episode(tiny_tokenizer, replies, "babyai_1", 3, format_reward=0.1, format_reward_on=on,
+                           format_reward_revisits=True)  # turning back is a revisit
     np.testing.assert_allclose(traj.turn_rewards, want)
     assert traj.metrics["valid_actions"] == 3.0
 
@@ -207,14 +213,9 @@ def test_the_format_reward_does_not_pay_an_action_that_changed_nothing(tiny_toke
     """On the real BabyAI env: `check available actions` is exactly a listed action, but it changes nothing
     (every observation lists the actions), so it earns no format reward unless format_reward_no_ops; a turn
     does."""
-    from core.env import run_sync_env
-    from environments.babyai.env import BabyAIEnv
-
-    replies = iter(["check available actions", "turn right", "check available actions"])
-    policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: next(replies), version=1)
-    env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
-    traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_1", "g", 0, horizon=3),
-                format_reward=0.1, format_reward_on="clean", format_reward_no_ops=no_ops)
+    replies = ["check available actions", "turn right", "check available actions"]
+    traj = _babyai_episode(tiny_tokenizer, replies, "babyai_1", 3, format_reward=0.1,
+                           format_reward_on="clean", format_reward_no_ops=no_ops)
     np.testing.assert_allclose(traj.turn_rewards, want)
     assert traj.metrics["valid_actions"] == 3.0 and traj.metrics["no_op_turns"] == 2.0
 
@@ -223,14 +224,8 @@ def test_the_format_reward_does_not_pay_an_action_that_changed_nothing(tiny_toke
 def test_the_format_reward_does_not_pay_a_return_to_a_state_already_visited(tiny_tokenizer, revisits, want):
     """On the real BabyAI env: `pickup` then `drop` of one object, twice. The second pickup and drop take the
     world back to states the episode was in, so they earn no format reward unless format_reward_revisits."""
-    from core.env import run_sync_env
-    from environments.babyai.env import BabyAIEnv
-
-    replies = iter(["pickup grey key 1", "drop"] * 2)
-    policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: next(replies), version=1)
-    env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
-    traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_0", "g", 0, horizon=4),
-                format_reward=0.1, format_reward_on="clean", format_reward_revisits=revisits)
+    traj = _babyai_episode(tiny_tokenizer, ["pickup grey key 1", "drop"] * 2, "babyai_0", 4,
+                           format_reward=0.1, format_reward_on="clean", format_reward_revisits=revisits)
     np.testing.assert_allclose(traj.turn_rewards, want)
     assert traj.metrics["valid_actions"] == 4.0 and traj.metrics["revisit_turns"] == 2.0
     assert traj.metrics["no_op_turns"] == 0.0
@@ -248,16 +243,12 @@ def test_format_reward_per_episode_does_not_grow_with_the_episode(tiny_tokenizer
     """On the real BabyAI env: a policy that only turns right (a valid action that never ends the episode)
     earns format_reward per turn under `turn`, so six turns pay three times two; under `episode` its total is
     format_reward at any length, split over its turns."""
-    from core.env import run_sync_env
-    from environments.babyai.env import BabyAIEnv
-
     totals = {}
     for per in ("turn", "episode"):
-        policy = ScriptedPolicy(tiny_tokenizer, lambda conversation: "turn right", version=1)
-        env = run_sync_env(BabyAIEnv(parse_mode="lenient", prompt="brief"))
-        traj = _run(env, policy, tiny_tokenizer, spec=EpisodeSpec("e", "babyai_1", "g", 0, horizon=horizon),
-                    format_reward=0.1, format_reward_on="clean", format_reward_per=per,
-                    format_reward_revisits=True)  # the fourth turn right faces where the first started
+        # format_reward_revisits: the fourth turn right faces where the first started
+        traj = _babyai_episode(tiny_tokenizer, ["turn right"] * horizon, "babyai_1", horizon,
+                               format_reward=0.1, format_reward_on="clean", format_reward_per=per,
+                               format_reward_revisits=True)
         assert traj.num_turns == horizon and traj.metrics["env_reward"] == 0.0
         totals[per] = float(np.sum(traj.turn_rewards))
         assert traj.metrics["format_reward"] == pytest.approx(totals[per])
